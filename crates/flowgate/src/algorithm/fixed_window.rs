@@ -1,0 +1,80 @@
+//! Fixed window: at most `limit` units in each window `[k·period, (k+1)·period)`.
+//!
+//! Windows are aligned to the Unix epoch, so "per minute" means per wall-clock minute on every
+//! instance and every store. Cheap and simple, but a client can take `limit` at the end of one
+//! window and `limit` again at the start of the next: up to 2 × `limit` within one period.
+
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::quota::Quota;
+
+use super::State;
+
+/// Fixed window state: which window, and how much of it is used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct FixedWindow {
+    /// The window's index: its start divided by the period.
+    pub window: u64,
+    /// Units granted in that window.
+    pub count: u64,
+}
+
+impl State for FixedWindow {
+    #[inline]
+    fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+        let period = quota.period_nanos();
+        let limit = quota.limit();
+        // A lagging `now` may fall in an earlier window than the state's: stay in the state's.
+        let window = (now / period).max(self.window);
+        let count = if window == self.window { self.count } else { 0 };
+        let window_end = (window + 1) * period;
+        let until_end = window_end.saturating_sub(now);
+        if count.saturating_add(cost) > limit {
+            return Decision::deny(limit, limit.saturating_sub(count), until_end, until_end);
+        }
+        let count = count + cost;
+        if cost > 0 {
+            *self = FixedWindow { window, count };
+        }
+        let reset = if count == 0 { 0 } else { until_end };
+        Decision::allow(limit, limit - count, reset)
+    }
+
+    #[inline]
+    fn refund(&mut self, quota: &Quota, units: u64, now: Nanos) {
+        if self.window >= now / quota.period_nanos() {
+            self.count = self.count.saturating_sub(units);
+        }
+    }
+
+    #[inline]
+    fn idle_at(&self, quota: &Quota) -> Nanos {
+        if self.count == 0 {
+            0
+        } else {
+            (self.window + 1).saturating_mul(quota.period_nanos())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boundary_lets_two_windows_worth_through_back_to_back() {
+        let q = Quota::per_second(5)
+            .unwrap()
+            .with_algorithm(crate::Algorithm::FixedWindow)
+            .unwrap();
+        let mut s = FixedWindow::default();
+        let end_of_window = 7_999_000_000;
+        for _ in 0..5 {
+            assert!(s.acquire(&q, 1, end_of_window).allowed);
+        }
+        assert!(!s.acquire(&q, 1, end_of_window).allowed);
+        for _ in 0..5 {
+            assert!(s.acquire(&q, 1, end_of_window + 1_000_000).allowed);
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The answer to "may this go through?": [`Decision`].
+
+use std::time::Duration;
+
+use crate::clock::Nanos;
+
+/// The outcome of asking a limit for `cost` units.
+///
+/// A denial is a value, not an error: `allowed` is `false` and `retry_after` says how long until
+/// the same cost would be allowed (if nothing else takes units meanwhile).
+///
+/// ```
+/// use flowgate::{local::RateLimiter, Quota};
+/// let limiter = RateLimiter::new(Quota::per_second(2)?);
+/// assert!(limiter.check().allowed);
+/// let second = limiter.check();
+/// assert_eq!((second.allowed, second.remaining), (true, 0));
+/// let third = limiter.check();
+/// assert!(!third.allowed && third.retry_after > std::time::Duration::ZERO);
+/// # Ok::<(), flowgate::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    /// Whether the units were granted.
+    pub allowed: bool,
+    /// The quota's limit (units per period), for `RateLimit-Policy`'s `q`.
+    pub limit: u64,
+    /// Whole units that could still be taken right now, after this call.
+    pub remaining: u64,
+    /// Time until the limit is fully replenished (bucket full, window over, log empty); zero
+    /// when it already is.
+    pub reset_after: Duration,
+    /// When denied: time until `cost` units would be granted. Zero when allowed.
+    pub retry_after: Duration,
+    /// Set when the store could not be asked and a [`FailMode`] decided instead.
+    pub fallback: Option<FailMode>,
+}
+
+impl Decision {
+    /// A granted request.
+    #[inline]
+    pub(crate) fn allow(limit: u64, remaining: u64, reset_after: Nanos) -> Self {
+        Decision {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after: Duration::from_nanos(reset_after),
+            retry_after: Duration::ZERO,
+            fallback: None,
+        }
+    }
+
+    /// A denied request. `retry_after` is never zero: a denial always has something to wait for.
+    #[inline]
+    pub(crate) fn deny(limit: u64, remaining: u64, reset_after: Nanos, retry_after: Nanos) -> Self {
+        Decision {
+            allowed: false,
+            limit,
+            remaining,
+            reset_after: Duration::from_nanos(reset_after),
+            retry_after: Duration::from_nanos(retry_after.max(1)),
+            fallback: None,
+        }
+    }
+
+    /// [`retry_after`](Self::retry_after) in whole seconds rounded up, as `Retry-After` wants:
+    /// never 0 while denied, 0 when allowed.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after)
+    }
+
+    /// [`reset_after`](Self::reset_after) in whole seconds, rounded up.
+    pub fn reset_after_secs(&self) -> u64 {
+        ceil_secs(self.reset_after)
+    }
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// What to do when the shared store cannot be reached (timeout, connection refused, open
+/// circuit breaker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailMode {
+    /// Allow the request: availability over enforcement.
+    #[default]
+    Open,
+    /// Deny the request: enforcement over availability.
+    Closed,
+    /// Decide with an in-process limiter holding this instance's share of the quota.
+    Local,
+}
+
+impl FailMode {
+    /// The name used in configuration and metrics: `open`, `closed` or `local`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+            FailMode::Local => "local",
+        }
+    }
+}
+
+impl std::str::FromStr for FailMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "open" => Ok(FailMode::Open),
+            "closed" => Ok(FailMode::Closed),
+            "local" => Ok(FailMode::Local),
+            other => Err(format!(
+                "unknown fail mode `{other}`; expected open, closed or local"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_seconds_round_up_and_are_never_zero_when_denied() {
+        let d = Decision::deny(1, 0, 0, 1);
+        assert_eq!(d.retry_after_secs(), 1);
+        let d = Decision::deny(1, 0, 0, 0);
+        assert_eq!(d.retry_after, Duration::from_nanos(1));
+        assert_eq!(d.retry_after_secs(), 1);
+        let d = Decision::deny(1, 0, 0, 2_000_000_000);
+        assert_eq!(d.retry_after_secs(), 2);
+        let d = Decision::deny(1, 0, 0, 2_000_000_001);
+        assert_eq!(d.retry_after_secs(), 3);
+        assert_eq!(Decision::allow(1, 0, 5).retry_after_secs(), 0);
+    }
+}

@@ -1,0 +1,412 @@
+//! What a limit allows: [`Quota`] (limit per period, burst, algorithm) and [`Algorithm`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::clock::{Nanos, nanos};
+
+/// The largest span of time a quota may cover (its period, or `burst × interval`): 2^61 ns,
+/// about 73 years. Keeping spans this small leaves the top bits of a time stamp free, so sums
+/// like `now + span` can never overflow before the year 2262.
+pub const MAX_SPAN: Nanos = 1 << 61;
+
+/// Which algorithm enforces a [`Quota`].
+///
+/// | algorithm | state per key | exact? | bursts |
+/// |---|---|---|---|
+/// | [`Gcra`](Algorithm::Gcra) | one time stamp | yes: ≤ `burst + rate·t` in any `t` | up to `burst` |
+/// | [`LeakyBucket`](Algorithm::LeakyBucket) | level + time stamp | same decisions as GCRA | up to `burst` |
+/// | [`FixedWindow`](Algorithm::FixedWindow) | window + count | ≤ `limit` per aligned window; up to 2× across a boundary | |
+/// | [`SlidingWindow`](Algorithm::SlidingWindow) | window + 2 counts | approximate: < 2 × `limit` in any window, ≈ `limit` for steady traffic | |
+/// | [`SlidingLog`](Algorithm::SlidingLog) | ≤ `limit` time stamps | yes: ≤ `limit` in any window of `period` | |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Generic cell rate algorithm: a token bucket kept as one "theoretical arrival time".
+    #[default]
+    Gcra,
+    /// Leaky bucket as a meter (ITU-T I.371 continuous-state form): the bucket's level drains
+    /// at `limit / period`; a request that would overflow `burst` is denied. For queueing
+    /// instead of denying, see the shaper in [`crate::local`].
+    LeakyBucket,
+    /// At most `limit` units per window of `period`, windows aligned to the Unix epoch.
+    FixedWindow,
+    /// The current window's count plus the previous window's, weighted by how much of it still
+    /// overlaps the sliding window (Cloudflare's sliding-window counter).
+    SlidingWindow,
+    /// The time stamp of every admitted request in the last `period`: exact, memory grows
+    /// with `limit`.
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// Every algorithm, in a fixed order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+
+    /// The algorithm's name as written in configuration files, e.g. `"sliding_window"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+
+    /// Whether the algorithm has a `burst` separate from its `limit` (the bucket algorithms).
+    pub const fn has_burst(self) -> bool {
+        matches!(self, Algorithm::Gcra | Algorithm::LeakyBucket)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown algorithm name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown algorithm `{0}`; expected one of gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log"
+)]
+pub struct UnknownAlgorithm(pub String);
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    /// Parses a configuration name; `token_bucket` is accepted as another name for `gcra`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "gcra" | "token_bucket" => Ok(Algorithm::Gcra),
+            "leaky_bucket" => Ok(Algorithm::LeakyBucket),
+            "fixed_window" => Ok(Algorithm::FixedWindow),
+            "sliding_window" => Ok(Algorithm::SlidingWindow),
+            "sliding_log" => Ok(Algorithm::SlidingLog),
+            other => Err(UnknownAlgorithm(other.to_owned())),
+        }
+    }
+}
+
+/// Why a [`Quota`] could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    /// `limit` was 0. (To deny everything, don't build a quota: deny.)
+    #[error("limit must be at least 1")]
+    ZeroLimit,
+    /// `period` was zero.
+    #[error("period must be longer than zero")]
+    ZeroPeriod,
+    /// `burst` was 0.
+    #[error("burst must be at least 1")]
+    ZeroBurst,
+    /// More than one event per nanosecond.
+    #[error("{limit} per {period:?} is more than one per nanosecond")]
+    RateTooHigh {
+        /// The requested limit.
+        limit: u64,
+        /// The requested period.
+        period: Duration,
+    },
+    /// The period, or `burst` intervals, would span more than [`MAX_SPAN`] (~73 years).
+    #[error("the quota spans more than 73 years ({what})")]
+    TooLong {
+        /// Which span overflowed.
+        what: &'static str,
+    },
+    /// A window algorithm was given a burst different from its limit.
+    #[error("burst applies to gcra and leaky_bucket only; {algorithm} allows `limit` per window")]
+    BurstNotApplicable {
+        /// The window algorithm.
+        algorithm: Algorithm,
+    },
+    /// `sliding_window` keeps its counts in 32 bits.
+    #[error("sliding_window supports limits up to {max}, got {limit}")]
+    LimitTooLarge {
+        /// The requested limit.
+        limit: u64,
+        /// The largest supported limit.
+        max: u64,
+    },
+}
+
+/// How much an [`Algorithm`] lets through: `limit` units per `period`, with bursts of up to
+/// `burst` units.
+///
+/// Quotas are validated when built and are cheap to copy. The period can be any duration, not
+/// only a second or a minute.
+///
+/// ```
+/// use std::time::Duration;
+/// use flowgate::{Algorithm, Quota};
+///
+/// // 100 requests per 5 minutes, bursts of 20, as a sliding log:
+/// let quota = Quota::new(100, Duration::from_secs(300))?
+///     .with_algorithm(Algorithm::SlidingLog)?;
+/// assert_eq!(quota.limit(), 100);
+///
+/// // 10 per second with bursts of 20, token bucket:
+/// let quota = Quota::per_second(10)?.with_burst(20)?;
+/// assert_eq!(quota.emission_interval(), Duration::from_millis(100));
+///
+/// // Nonsense is rejected with a reason:
+/// assert!(Quota::new(5, Duration::ZERO).is_err());
+/// # Ok::<(), flowgate::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    /// Units allowed per period.
+    limit: u64,
+    /// The period, in nanoseconds.
+    period: Nanos,
+    /// Capacity: the most units that can be taken at once after a quiet spell.
+    burst: u64,
+    /// The algorithm that enforces the quota.
+    algorithm: Algorithm,
+    /// `period / limit` rounded up: the time one unit takes to replenish (GCRA's `T`).
+    /// Rounding up means the quota errs on the side of admitting slightly less, never more.
+    interval: Nanos,
+    /// `burst × interval`: how far ahead of now the bucket may be filled (GCRA's `τ`).
+    tolerance: Nanos,
+}
+
+impl Quota {
+    /// `limit` units per `period`, burst `limit`, algorithm [`Algorithm::Gcra`].
+    pub fn new(limit: u64, period: Duration) -> Result<Self, QuotaError> {
+        Self::build(limit, nanos(period), limit, Algorithm::Gcra)
+    }
+
+    /// `limit` per second.
+    pub fn per_second(limit: u64) -> Result<Self, QuotaError> {
+        Self::new(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` per minute.
+    pub fn per_minute(limit: u64) -> Result<Self, QuotaError> {
+        Self::new(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` per hour.
+    pub fn per_hour(limit: u64) -> Result<Self, QuotaError> {
+        Self::new(limit, Duration::from_secs(3600))
+    }
+
+    /// The same quota with a different burst (capacity). Only GCRA and the leaky bucket have a
+    /// burst separate from the limit.
+    pub fn with_burst(self, burst: u64) -> Result<Self, QuotaError> {
+        Self::build(self.limit, self.period, burst, self.algorithm)
+    }
+
+    /// The same quota enforced by another algorithm. Switching to a window algorithm resets the
+    /// burst to the limit.
+    pub fn with_algorithm(self, algorithm: Algorithm) -> Result<Self, QuotaError> {
+        let burst = if algorithm.has_burst() {
+            self.burst
+        } else {
+            self.limit
+        };
+        Self::build(self.limit, self.period, burst, algorithm)
+    }
+
+    fn build(
+        limit: u64,
+        period: Nanos,
+        burst: u64,
+        algorithm: Algorithm,
+    ) -> Result<Self, QuotaError> {
+        if limit == 0 {
+            return Err(QuotaError::ZeroLimit);
+        }
+        if period == 0 {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        if burst == 0 {
+            return Err(QuotaError::ZeroBurst);
+        }
+        if period > MAX_SPAN {
+            return Err(QuotaError::TooLong { what: "period" });
+        }
+        if limit > period {
+            return Err(QuotaError::RateTooHigh {
+                limit,
+                period: Duration::from_nanos(period),
+            });
+        }
+        if !algorithm.has_burst() && burst != limit {
+            return Err(QuotaError::BurstNotApplicable { algorithm });
+        }
+        if algorithm == Algorithm::SlidingWindow && limit > u64::from(u32::MAX) {
+            return Err(QuotaError::LimitTooLarge {
+                limit,
+                max: u64::from(u32::MAX),
+            });
+        }
+        let interval = period.div_ceil(limit);
+        let tolerance = match burst.checked_mul(interval) {
+            Some(t) if t <= MAX_SPAN => t,
+            _ => return Err(QuotaError::TooLong { what: "burst" }),
+        };
+        Ok(Quota {
+            limit,
+            period,
+            burst,
+            algorithm,
+            interval,
+            tolerance,
+        })
+    }
+
+    /// Units allowed per period.
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period over which `limit` applies.
+    #[inline]
+    pub fn period(&self) -> Duration {
+        Duration::from_nanos(self.period)
+    }
+
+    /// The period in nanoseconds.
+    #[inline]
+    pub fn period_nanos(&self) -> Nanos {
+        self.period
+    }
+
+    /// The most units that can be taken at once after a quiet spell. Equals `limit` for the
+    /// window algorithms. A request costing more is an error, not a denial.
+    #[inline]
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The algorithm enforcing this quota.
+    #[inline]
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The time one unit takes to replenish: `period / limit`, rounded up to the nanosecond.
+    #[inline]
+    pub fn emission_interval(&self) -> Duration {
+        Duration::from_nanos(self.interval)
+    }
+
+    /// [`emission_interval`](Self::emission_interval) in nanoseconds.
+    #[inline]
+    pub fn interval_nanos(&self) -> Nanos {
+        self.interval
+    }
+
+    /// `burst × emission_interval`, in nanoseconds: the bucket algorithms' capacity in time.
+    #[inline]
+    pub fn tolerance_nanos(&self) -> Nanos {
+        self.tolerance
+    }
+
+    /// Checks that `cost` units can ever be granted at once.
+    #[inline]
+    pub fn check_cost(&self, cost: u64) -> Result<(), InsufficientCapacity> {
+        if cost > self.burst {
+            Err(InsufficientCapacity {
+                cost,
+                capacity: self.burst,
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A request asked for more units than the quota can ever grant at once (`cost > burst`).
+///
+/// This is an error rather than a denial because waiting would not help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a cost of {cost} can never be granted: the quota's capacity is {capacity}")]
+pub struct InsufficientCapacity {
+    /// The requested cost.
+    pub cost: u64,
+    /// The quota's capacity (burst).
+    pub capacity: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_nonsense_with_a_reason() {
+        let s = Duration::from_secs(1);
+        assert_eq!(Quota::new(0, s), Err(QuotaError::ZeroLimit));
+        assert_eq!(Quota::new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
+        assert_eq!(
+            Quota::new(1, s).unwrap().with_burst(0),
+            Err(QuotaError::ZeroBurst)
+        );
+        assert!(matches!(
+            Quota::new(2_000_000_000, s),
+            Err(QuotaError::RateTooHigh { .. })
+        ));
+        assert_eq!(
+            Quota::new(1, Duration::from_secs(u64::MAX)),
+            Err(QuotaError::TooLong { what: "period" })
+        );
+        assert_eq!(
+            Quota::new(1, s).unwrap().with_burst(u64::MAX),
+            Err(QuotaError::TooLong { what: "burst" })
+        );
+        let window = Quota::new(10, s)
+            .unwrap()
+            .with_algorithm(Algorithm::FixedWindow)
+            .unwrap();
+        assert_eq!(
+            window.with_burst(20),
+            Err(QuotaError::BurstNotApplicable {
+                algorithm: Algorithm::FixedWindow
+            })
+        );
+        assert!(matches!(
+            Quota::new(u64::from(u32::MAX) + 1, Duration::from_secs(10))
+                .unwrap()
+                .with_algorithm(Algorithm::SlidingWindow),
+            Err(QuotaError::LimitTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn interval_rounds_up_so_the_rate_never_exceeds_the_quota() {
+        let q = Quota::new(3, Duration::from_secs(1)).unwrap();
+        assert_eq!(q.interval_nanos(), 333_333_334);
+        assert!(q.interval_nanos() * 3 >= 1_000_000_000);
+        assert_eq!(q.tolerance_nanos(), 3 * 333_333_334);
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>(), Ok(a));
+        }
+        assert_eq!("token_bucket".parse::<Algorithm>(), Ok(Algorithm::Gcra));
+        assert!("fixed".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn switching_to_a_window_algorithm_resets_burst() {
+        let q = Quota::per_second(10)
+            .unwrap()
+            .with_burst(30)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingLog)
+            .unwrap();
+        assert_eq!(q.burst(), 10);
+        assert_eq!(q.check_cost(11).unwrap_err().capacity, 10);
+    }
+}
