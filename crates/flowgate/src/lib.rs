@@ -29,6 +29,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod decision;
 pub mod local;
+pub mod policy;
 pub mod quota;
 pub mod store;
 
