@@ -5,6 +5,15 @@
 //! back when another denies, so a denied request consumes nothing anywhere.
 //! [`acquire_all`] implements exactly that over any [`Store`]; the service's descriptor
 //! matching and the tower middleware build their lists of limits and call it.
+//!
+//! * [`rules`]: envoyproxy/ratelimit-style rule trees ([`RuleSet`](rules::RuleSet)): domains of
+//!   nested descriptor rules with key / value / `*` prefix patterns, matched by depth.
+//! * [`descriptor`]: checking a request's descriptors against a rule set
+//!   ([`check`](descriptor::check)): `hits_addend`, limit overrides, `unlimited`, blocklists,
+//!   shadow mode, `replaces`, and the store keys of the counters.
+
+pub mod descriptor;
+pub mod rules;
 
 use crate::decision::Decision;
 use crate::store::{Acquire, Store, StoreError};

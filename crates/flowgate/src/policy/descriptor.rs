@@ -1,0 +1,616 @@
+//! Checking request descriptors against a [`RuleSet`]: the envoyproxy/ratelimit request model.
+//!
+//! A request names a domain and carries one or more [`Descriptor`]s; each is matched to at most
+//! one rule ([`RuleSet::find`]) or carries its own limit override, and [`check`] asks the store
+//! for all of them at once with [`acquire_all`](super::acquire_all): the request is allowed only
+//! if every enforced limit allows, and a denied request consumes nothing anywhere.
+//!
+//! The envoyproxy/ratelimit rules, all implemented here:
+//! * `hits_addend`: a descriptor's own value wins (0 peeks); otherwise the request's, where 0
+//!   means 1.
+//! * A descriptor's `limit` override replaces whatever rule matches (when the domain exists);
+//!   it is enforced (no shadow mode) with the default algorithm.
+//! * `unlimited` rules always allow; `requests_per_unit: 0` (blocked) always denies; a rule in
+//!   shadow mode counts but never denies.
+//! * A rule whose `name` is listed in the `replaces` of another rule matched by the same request
+//!   is skipped.
+//!
+//! Counters are keyed by domain, the request's entries and the quota, so a rule whose quota is
+//! unchanged by a configuration reload keeps its counters, and a changed one starts afresh.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use flowgate::policy::descriptor::{check, Descriptor, Entry};
+//! use flowgate::policy::rules::{DomainSpec, LimitSpec, Rate, RuleSet, RuleSpec};
+//! use flowgate::{store::MemoryStore, Quota};
+//!
+//! let rules = RuleSet::build(vec![DomainSpec::new("api", vec![
+//!     RuleSpec::new("user").with_limit(LimitSpec::new(Rate::Limited(Quota::per_minute(2)?))),
+//! ])])?;
+//! let store = MemoryStore::new();
+//! let request = [Descriptor::new(vec![Entry::new("user", "alice")])];
+//! assert!(check(&rules, &store, "api", &request, 1).await.allowed);
+//! assert!(check(&rules, &store, "api", &request, 1).await.allowed);
+//! assert!(!check(&rules, &store, "api", &request, 1).await.allowed);
+//! # Ok(()) }
+//! ```
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::decision::Decision;
+use crate::quota::{Algorithm, Quota, QuotaError};
+use crate::store::{Acquire, Store, StoreError};
+
+use super::acquire_all;
+use super::rules::{Rate, Rule, RuleSet, Unit};
+
+/// The algorithm of rules that do not name one, and of limit overrides.
+pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingWindow;
+
+/// One `(key, value)` entry of a descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Entry {
+    /// The entry's key, e.g. `remote_address`.
+    pub key: String,
+    /// The entry's value, e.g. `10.0.0.1`.
+    pub value: String,
+}
+
+impl Entry {
+    /// An entry.
+    pub fn new(key: impl Into<String>, value: impl Into<String>) -> Self {
+        Entry {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// A limit sent with the request instead of the configured one (Envoy's
+/// `RateLimitDescriptor.limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Requests allowed per unit; 0 denies everything.
+    pub requests_per_unit: u64,
+    /// The period.
+    pub unit: Unit,
+}
+
+/// One descriptor of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Descriptor {
+    /// The entries, outermost first.
+    pub entries: Vec<Entry>,
+    /// A limit that overrides the configured rules.
+    pub limit: Option<LimitOverride>,
+    /// Units this descriptor costs; overrides the request's `hits_addend` (0 peeks).
+    pub hits_addend: Option<u64>,
+}
+
+impl Descriptor {
+    /// A descriptor with these entries, no override and the request's hits.
+    pub fn new(entries: Vec<Entry>) -> Self {
+        Descriptor {
+            entries,
+            limit: None,
+            hits_addend: None,
+        }
+    }
+}
+
+/// The limit that was applied to a descriptor: a configured [`Rule`] or a request override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied<'r> {
+    /// A rule of the configuration.
+    Rule(&'r Rule),
+    /// The descriptor's own limit, with the quota built from it (`None`: 0 per unit, blocked).
+    Override(LimitOverride, Option<Quota>),
+}
+
+impl Applied<'_> {
+    /// What the applied limit does.
+    pub fn rate(&self) -> Rate {
+        match self {
+            Applied::Rule(rule) => rule.rate,
+            Applied::Override(_, Some(quota)) => Rate::Limited(*quota),
+            Applied::Override(o, None) => Rate::Blocked {
+                period: o.unit.duration(),
+            },
+        }
+    }
+
+    /// The rule's name, if it has one.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Applied::Rule(rule) => rule.name.as_deref(),
+            Applied::Override(..) => None,
+        }
+    }
+
+    /// Whether the limit counts without denying.
+    pub fn shadow_mode(&self) -> bool {
+        matches!(self, Applied::Rule(rule) if rule.shadow_mode)
+    }
+}
+
+/// What happened to one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// No limit applies: no rule matched, or the domain is unknown.
+    Unmatched,
+    /// The matched rule was replaced by another matched rule's `replaces`.
+    Replaced,
+    /// The matched rule is `unlimited`.
+    Unlimited,
+    /// The descriptor was counted (or blocked). `decision.allowed` is the limit's own answer;
+    /// in shadow mode a denial does not deny the request.
+    Checked(Decision),
+    /// The store failed, or the cost can never fit the quota.
+    Failed(StoreError),
+}
+
+/// One descriptor's part of a [`Verdict`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorVerdict<'r> {
+    /// The limit applied, if any (also set for `Unlimited` and `Replaced`).
+    pub applied: Option<Applied<'r>>,
+    /// What happened.
+    pub status: Status,
+    /// The units this descriptor asked for.
+    pub hits: u64,
+}
+
+impl DescriptorVerdict<'_> {
+    /// Whether this descriptor lets the request through: everything but an enforced denial or
+    /// failure.
+    pub fn allows(&self) -> bool {
+        let shadow = self.applied.is_some_and(|a| a.shadow_mode());
+        match &self.status {
+            Status::Checked(decision) => decision.allowed || shadow,
+            Status::Failed(_) => shadow,
+            _ => true,
+        }
+    }
+
+    /// Whether the limit denied (or would have denied, in shadow mode).
+    pub fn over_limit(&self) -> bool {
+        matches!(&self.status, Status::Checked(d) if !d.allowed)
+            || matches!(self.status, Status::Failed(StoreError::Capacity(_)))
+    }
+}
+
+/// The answer to a request: allowed or not, and each descriptor's part in request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict<'r> {
+    /// Whether every descriptor allows the request.
+    pub allowed: bool,
+    /// One entry per request descriptor, in order.
+    pub descriptors: Vec<DescriptorVerdict<'r>>,
+}
+
+/// Which limit applies to each descriptor, before asking any store: [`RuleSet::find`], limit
+/// overrides, `unlimited` and `replaces`. `None` means no limit applies.
+pub fn resolve<'r>(
+    rules: &'r RuleSet,
+    domain: &str,
+    descriptors: &[Descriptor],
+) -> Result<Vec<(Option<Applied<'r>>, Status)>, QuotaError> {
+    if !rules.has_domain(domain) {
+        return Ok(descriptors
+            .iter()
+            .map(|_| (None, Status::Unmatched))
+            .collect());
+    }
+    let mut resolved = Vec::with_capacity(descriptors.len());
+    for descriptor in descriptors {
+        let applied = match descriptor.limit {
+            Some(over) if over.requests_per_unit == 0 => Some(Applied::Override(over, None)),
+            Some(over) => {
+                let quota = Quota::new(over.requests_per_unit, over.unit.duration())?
+                    .with_algorithm(DEFAULT_ALGORITHM)?;
+                Some(Applied::Override(over, Some(quota)))
+            }
+            None => rules.find(domain, &descriptor.entries).map(Applied::Rule),
+        };
+        let status = match applied {
+            None => Status::Unmatched,
+            Some(Applied::Rule(rule)) if rule.rate == Rate::Unlimited => Status::Unlimited,
+            Some(_) => Status::Checked(Decision {
+                allowed: true,
+                limit: 0,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+                retry_after: Duration::ZERO,
+                fallback: None,
+            }),
+        };
+        resolved.push((applied, status));
+    }
+    // `replaces`: a named rule is skipped when any matched rule (even an unlimited one) names it.
+    let replaced: Vec<&str> = resolved
+        .iter()
+        .filter_map(|(applied, _)| match applied {
+            Some(Applied::Rule(rule)) => Some(rule.replaces.iter().map(String::as_str)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if !replaced.is_empty() {
+        for (applied, status) in &mut resolved {
+            if let Some(Applied::Rule(rule)) = applied
+                && rule.name.as_deref().is_some_and(|n| replaced.contains(&n))
+            {
+                *status = Status::Replaced;
+            }
+        }
+    }
+    Ok(resolved)
+}
+
+/// The store key of a descriptor's counter: the domain, every entry, and the quota (algorithm,
+/// limit, period, burst). Entries are escaped so that different descriptors never share a key;
+/// a rule keeps its counters across reloads as long as its quota is unchanged.
+///
+/// ```
+/// use flowgate::policy::descriptor::{counter_key, Entry};
+/// use flowgate::Quota;
+/// let quota = Quota::per_second(10)?;
+/// assert_eq!(
+///     counter_key("edge", &[Entry::new("ip", "10.0.0.1")], &quota),
+///     "edge|ip=10.0.0.1#gcra:10:1000000000:10",
+/// );
+/// # Ok::<(), flowgate::QuotaError>(())
+/// ```
+pub fn counter_key(domain: &str, entries: &[Entry], quota: &Quota) -> String {
+    let mut key = String::with_capacity(
+        domain.len()
+            + entries
+                .iter()
+                .map(|e| e.key.len() + e.value.len() + 2)
+                .sum::<usize>()
+            + 40,
+    );
+    escape_into(&mut key, domain);
+    for entry in entries {
+        key.push('|');
+        escape_into(&mut key, &entry.key);
+        key.push('=');
+        escape_into(&mut key, &entry.value);
+    }
+    // Writing to a String cannot fail.
+    let _ = write!(
+        key,
+        "#{}:{}:{}:{}",
+        quota.algorithm().name(),
+        quota.limit(),
+        quota.period_nanos(),
+        quota.burst()
+    );
+    key
+}
+
+/// Appends `s` with the key's separators (`|`, `=`, `#`) and the escape character escaped.
+fn escape_into(key: &mut String, s: &str) {
+    if !s.contains(['\\', '|', '=', '#']) {
+        key.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        if matches!(c, '\\' | '|' | '=' | '#') {
+            key.push('\\');
+        }
+        key.push(c);
+    }
+}
+
+/// A denial for a blocked limit (`requests_per_unit: 0`): nothing is ever left, and the period
+/// is the time to wait.
+fn blocked(period: Duration) -> Decision {
+    Decision {
+        allowed: false,
+        limit: 0,
+        remaining: 0,
+        reset_after: period,
+        retry_after: period.max(Duration::from_nanos(1)),
+        fallback: None,
+    }
+}
+
+/// Checks a request against `rules`, counting in `store`. `hits_addend` is the request-level
+/// cost (0 means 1); a descriptor's own `hits_addend` wins.
+///
+/// Every counted descriptor is sent to the store in one [`acquire_all`] call. If an enforced
+/// limit denies (or a blocked rule matches), the request is denied and no unit is consumed.
+/// An invalid limit override (a rate above one per nanosecond) is reported as
+/// [`Status::Failed`] with a [`StoreError::Backend`] describing it.
+pub async fn check<'r, S: Store>(
+    rules: &'r RuleSet,
+    store: &S,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits_addend: u64,
+) -> Verdict<'r> {
+    let request_hits = hits_addend.max(1);
+    let hits: Vec<u64> = descriptors
+        .iter()
+        .map(|d| d.hits_addend.unwrap_or(request_hits))
+        .collect();
+    let resolved = match resolve(rules, domain, descriptors) {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            let failed = |hits| DescriptorVerdict {
+                applied: None,
+                status: Status::Failed(StoreError::Backend(format!("invalid limit override: {e}"))),
+                hits,
+            };
+            return Verdict {
+                allowed: false,
+                descriptors: hits.into_iter().map(failed).collect(),
+            };
+        }
+    };
+
+    // A blocked, enforced limit denies the request whatever the others say: the others are
+    // then only peeked, so nothing is consumed.
+    let blocked_enforced = resolved.iter().any(|(applied, status)| {
+        matches!(status, Status::Checked(_))
+            && applied.is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
+    });
+
+    // Build the store requests for the counted descriptors.
+    let mut keys = Vec::new();
+    let mut quotas = Vec::new();
+    let mut shadow = Vec::new();
+    let mut owners = Vec::new();
+    for (i, ((applied, status), descriptor)) in resolved.iter().zip(descriptors).enumerate() {
+        if let (Status::Checked(_), Some(applied)) = (status, applied)
+            && let Rate::Limited(quota) = applied.rate()
+        {
+            keys.push(counter_key(domain, &descriptor.entries, &quota));
+            quotas.push(quota);
+            shadow.push(applied.shadow_mode());
+            owners.push(i);
+        }
+    }
+    let requests: Vec<Acquire<'_>> = keys
+        .iter()
+        .zip(&quotas)
+        .zip(&owners)
+        .map(|((key, quota), &owner)| Acquire {
+            key,
+            quota,
+            cost: if blocked_enforced { 0 } else { hits[owner] },
+        })
+        .collect();
+    let outcome = if requests.is_empty() {
+        None
+    } else {
+        Some(acquire_all(store, &requests, |i| !shadow[i]).await)
+    };
+
+    let mut results = outcome.map(|o| o.results).unwrap_or_default().into_iter();
+    let mut verdicts = Vec::with_capacity(descriptors.len());
+    for (i, (applied, mut status)) in resolved.into_iter().enumerate() {
+        if let (Status::Checked(_), Some(applied)) = (&status, applied) {
+            status = match applied.rate() {
+                Rate::Blocked { period } => Status::Checked(blocked(period)),
+                Rate::Limited(_) => match results.next() {
+                    Some(Ok(decision)) if blocked_enforced && hits[i] > 0 => {
+                        // Peeked only: report what the limit would have said, unconsumed.
+                        Status::Checked(Decision {
+                            allowed: decision.remaining >= hits[i],
+                            ..decision
+                        })
+                    }
+                    Some(Ok(decision)) => Status::Checked(decision),
+                    Some(Err(e)) => Status::Failed(e),
+                    None => Status::Failed(StoreError::Backend("store gave no answer".into())),
+                },
+                Rate::Unlimited => Status::Unlimited,
+            };
+        }
+        verdicts.push(DescriptorVerdict {
+            applied,
+            status,
+            hits: hits[i],
+        });
+    }
+    let allowed = verdicts.iter().all(DescriptorVerdict::allows);
+    Verdict {
+        allowed,
+        descriptors: verdicts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::policy::rules::{DomainSpec, LimitSpec, RuleSpec};
+    use crate::store::MemoryStore;
+
+    fn per_minute(n: u64) -> LimitSpec {
+        LimitSpec::new(Rate::Limited(
+            Quota::per_minute(n)
+                .unwrap()
+                .with_algorithm(Algorithm::FixedWindow)
+                .unwrap(),
+        ))
+    }
+
+    fn store() -> MemoryStore<ManualClock> {
+        MemoryStore::builder()
+            .clock(ManualClock::new(1 << 40))
+            .build()
+    }
+
+    fn one(key: &str, value: &str) -> Descriptor {
+        Descriptor::new(vec![Entry::new(key, value)])
+    }
+
+    fn rules() -> RuleSet {
+        RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![
+                RuleSpec::new("user").with_limit(per_minute(3).named("per_user")),
+                RuleSpec::new("user")
+                    .with_value("vip")
+                    .with_limit(LimitSpec::new(Rate::Unlimited).replacing(["global"])),
+                RuleSpec::new("user")
+                    .with_value("banned")
+                    .with_limit(LimitSpec::new(Rate::Blocked {
+                        period: Duration::from_secs(60),
+                    })),
+                RuleSpec::new("route").with_limit(per_minute(1)).shadow(),
+                RuleSpec::new("global").with_limit(per_minute(2).named("global")),
+                RuleSpec::new("premium")
+                    .with_limit(per_minute(100).named("premium").replacing(["per_user"])),
+            ],
+        )])
+        .unwrap()
+    }
+
+    fn remaining(v: &Verdict<'_>, i: usize) -> u64 {
+        match &v.descriptors[i].status {
+            Status::Checked(d) => d.remaining,
+            other => panic!("descriptor {i} not checked: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn hits_addend_descriptor_wins_and_request_zero_means_one() {
+        let (rules, store) = (rules(), store());
+        let v = check(&rules, &store, "d", &[one("user", "a")], 0).await;
+        assert_eq!(
+            (v.allowed, remaining(&v, 0), v.descriptors[0].hits),
+            (true, 2, 1)
+        );
+        let mut d = one("user", "a");
+        d.hits_addend = Some(2);
+        let v = check(&rules, &store, "d", &[d.clone()], 1).await;
+        assert_eq!((v.allowed, remaining(&v, 0)), (true, 0));
+        d.hits_addend = Some(0);
+        let v = check(&rules, &store, "d", &[d], 5).await;
+        assert_eq!((v.allowed, remaining(&v, 0)), (true, 0), "0 peeks");
+        let v = check(&rules, &store, "d", &[one("user", "a")], 1).await;
+        assert!(!v.allowed && v.descriptors[0].over_limit());
+        // Above the quota's capacity: an error, reported as over the limit.
+        let v = check(&rules, &store, "d", &[one("user", "b")], 4).await;
+        assert!(!v.allowed && v.descriptors[0].over_limit());
+    }
+
+    #[tokio::test]
+    async fn unlimited_blocked_shadow_and_unmatched() {
+        let (rules, store) = (rules(), store());
+        for _ in 0..10 {
+            let v = check(&rules, &store, "d", &[one("user", "vip")], 1).await;
+            assert!(v.allowed);
+            assert_eq!(v.descriptors[0].status, Status::Unlimited);
+        }
+        let v = check(&rules, &store, "d", &[one("user", "banned")], 1).await;
+        assert!(!v.allowed);
+        assert!(
+            matches!(&v.descriptors[0].status, Status::Checked(d) if !d.allowed && d.limit == 0)
+        );
+        // Shadow mode: the second call is over the limit but allowed.
+        for n in 0..2 {
+            let v = check(&rules, &store, "d", &[one("route", "r")], 1).await;
+            assert!(v.allowed);
+            assert_eq!(v.descriptors[0].over_limit(), n == 1);
+        }
+        let v = check(&rules, &store, "d", &[one("nothing", "x")], 1).await;
+        assert!(v.allowed && v.descriptors[0].status == Status::Unmatched);
+        let v = check(&rules, &store, "unknown", &[one("user", "a")], 1).await;
+        assert!(v.allowed && v.descriptors[0].status == Status::Unmatched);
+    }
+
+    #[tokio::test]
+    async fn replaces_skips_the_named_rule_and_denials_consume_nothing() {
+        let (rules, store) = (rules(), store());
+        // premium replaces per_user: per_user's counter is untouched.
+        let request = [one("user", "a"), one("premium", "p")];
+        let v = check(&rules, &store, "d", &request, 1).await;
+        assert!(v.allowed);
+        assert_eq!(v.descriptors[0].status, Status::Replaced);
+        assert_eq!(remaining(&v, 1), 99);
+        // An unlimited rule may replace too.
+        let v = check(
+            &rules,
+            &store,
+            "d",
+            &[one("user", "vip"), one("global", "g")],
+            1,
+        )
+        .await;
+        assert_eq!(v.descriptors[1].status, Status::Replaced);
+        // global allows twice; the third request is denied and user a's unit is refunded.
+        for _ in 0..2 {
+            assert!(
+                check(&rules, &store, "d", &[one("global", "g")], 1)
+                    .await
+                    .allowed
+            );
+        }
+        let v = check(
+            &rules,
+            &store,
+            "d",
+            &[one("user", "a"), one("global", "g")],
+            1,
+        )
+        .await;
+        assert!(!v.allowed);
+        let v = check(&rules, &store, "d", &[one("user", "a")], 1).await;
+        assert_eq!(remaining(&v, 0), 2, "the denied request consumed nothing");
+        // A blocked rule denies and the others are only peeked.
+        let v = check(
+            &rules,
+            &store,
+            "d",
+            &[one("user", "a"), one("user", "banned")],
+            1,
+        )
+        .await;
+        assert!(!v.allowed);
+        assert_eq!(remaining(&v, 0), 2);
+        let v = check(&rules, &store, "d", &[one("user", "a")], 0).await;
+        assert_eq!(remaining(&v, 0), 1);
+    }
+
+    #[tokio::test]
+    async fn limit_overrides_replace_the_configured_rule() {
+        let (rules, store) = (rules(), store());
+        let mut d = one("user", "a");
+        d.limit = Some(LimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Hour,
+        });
+        let v = check(&rules, &store, "d", &[d.clone()], 1).await;
+        assert!(v.allowed);
+        assert!(matches!(
+            v.descriptors[0].applied,
+            Some(Applied::Override(..))
+        ));
+        assert!(!check(&rules, &store, "d", &[d.clone()], 1).await.allowed);
+        d.limit = Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: Unit::Second,
+        });
+        assert!(!check(&rules, &store, "d", &[d], 1).await.allowed);
+    }
+
+    #[test]
+    fn counter_keys_are_unambiguous_and_include_the_quota() {
+        let q = Quota::per_second(1).unwrap();
+        let a = counter_key("d", &[Entry::new("a|b", "c")], &q);
+        let b = counter_key("d", &[Entry::new("a", "b=c")], &q);
+        let c = counter_key("d", &[Entry::new("a", "b"), Entry::new("", "c")], &q);
+        assert!(a != b && b != c && a != c, "{a} {b} {c}");
+        assert_ne!(
+            counter_key("d", &[Entry::new("a", "b")], &q),
+            counter_key("d", &[Entry::new("a", "b")], &Quota::per_second(2).unwrap())
+        );
+    }
+}
