@@ -1,7 +1,16 @@
 //! The Flowgate service: the `flowgate` binary's commands and server.
 //!
-//! The binary is a thin `main` around [`cli::run`]; everything it does is reachable from here so
-//! tests can start a server on port 0 and talk to it.
+//! The binary is a thin `main` around [`cli::run`]; everything it does is reachable from here
+//! so tests can start a server on port 0 and talk to it:
+//!
+//! * [`config`]: envoyproxy/ratelimit-compatible YAML, validation, reload;
+//! * [`api`]: the gRPC (Envoy RLS v3) and HTTP APIs over one [`api::Service`];
+//! * [`metrics`]: Prometheus metrics;
+//! * [`server`]: `run(config, listeners, shutdown)`;
+//! * [`cli`]: `serve`, `check-config`, `loadgen`.
 
+pub mod api;
 pub mod cli;
+pub mod config;
+pub mod metrics;
 pub mod server;

@@ -1,24 +1,152 @@
-//! The HTTP server: `run(listener, shutdown)`.
+//! The server: `run(config, listeners, shutdown)` serves the HTTP and gRPC APIs until
+//! `shutdown` completes, then stops accepting and finishes in-flight calls.
 
 use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use axum::Router;
-use axum::routing::get;
+use flowgate::store::{DynStore, MemoryStore};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
-/// The HTTP routes.
-pub fn router() -> Router {
-    Router::new().route("/healthz", get(|| async { "ok\n" }))
+use crate::api::{self, Service};
+use crate::config::{self, ConfigErrors, Policy, reload};
+
+/// What the server enforces and where it keeps its counters.
+pub struct ServerConfig {
+    /// The configuration files (one domain each); empty for the built-in policy.
+    pub files: Vec<PathBuf>,
+    /// The validated policy loaded from `files`.
+    pub policy: Policy,
+    /// Where counters live.
+    pub store: Arc<dyn DynStore>,
+    /// Whether to watch `files` and reload on change and SIGHUP.
+    pub watch: bool,
+    /// Benchmark baseline: answer without deciding (see `docs/service.md`).
+    pub noop: bool,
 }
 
-/// Serves until `shutdown` completes, then finishes in-flight requests.
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("files", &self.files)
+            .field("watch", &self.watch)
+            .field("noop", &self.noop)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerConfig {
+    /// Loads `files` (the built-in policy when empty) with the in-memory store, watching the
+    /// files for changes.
+    pub fn load(files: Vec<PathBuf>) -> Result<Self, ConfigErrors> {
+        let policy = config::load(&files)?;
+        Ok(ServerConfig {
+            files,
+            policy,
+            store: Arc::new(MemoryStore::new()),
+            watch: true,
+            noop: false,
+        })
+    }
+}
+
+/// The sockets to serve on; either may be absent.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// The HTTP API.
+    pub http: Option<TcpListener>,
+    /// The gRPC API.
+    pub grpc: Option<TcpListener>,
+}
+
+/// Serves until `shutdown` completes, then finishes in-flight requests and returns.
 pub async fn run(
-    listener: TcpListener,
+    config: ServerConfig,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router())
-        .with_graceful_shutdown(shutdown)
-        .await
+    let mut service = Service::new(config.policy, config.store);
+    if config.noop {
+        service = service.into_noop();
+    }
+    let service = Arc::new(service);
+    let (stop, stopped) = watch::channel(false);
+    let signal = move |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    if config.watch {
+        let target: Arc<dyn reload::Target> = service.clone();
+        tasks.spawn(reload_task(config.files, target, signal(stopped.clone())));
+    }
+    if let Some(listener) = listeners.http {
+        let router = api::http::router(service.clone());
+        let shutdown = signal(stopped.clone());
+        tasks.spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+        });
+    }
+    if let Some(listener) = listeners.grpc {
+        let shutdown = signal(stopped.clone());
+        let rls = api::grpc::Rls::server(service.clone());
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(rls)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    shutdown,
+                )
+                .await
+                .map_err(std::io::Error::other)
+        });
+    }
+    drop(stopped);
+
+    // Stop everything when asked, or as soon as one server fails.
+    let mut result = Ok(());
+    tokio::pin!(shutdown);
+    loop {
+        if tasks.is_empty() {
+            shutdown.as_mut().await;
+            break;
+        }
+        tokio::select! {
+            () = shutdown.as_mut() => break,
+            joined = tasks.join_next() => match joined {
+                Some(Ok(Ok(()))) | None => {}
+                Some(Ok(Err(e))) => {
+                    result = Err(e);
+                    break;
+                }
+                Some(Err(e)) => {
+                    result = Err(std::io::Error::other(e));
+                    break;
+                }
+            },
+        }
+    }
+    let _ = stop.send(true);
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok(Err(e)) = joined
+            && result.is_ok()
+        {
+            result = Err(e);
+        }
+    }
+    result
+}
+
+async fn reload_task(
+    files: Vec<PathBuf>,
+    target: Arc<dyn reload::Target>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    reload::watch(files, target, shutdown).await;
+    Ok(())
 }
 
 /// Completes on ctrl-c or SIGTERM.

@@ -1,9 +1,14 @@
-//! Command-line interface: `flowgate serve`.
+//! Command-line interface: `flowgate serve`, `flowgate check-config`.
 
-use std::net::SocketAddr;
+mod check_config;
+mod serve;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+pub use check_config::CheckConfigArgs;
+pub use serve::ServeArgs;
 
 /// Flowgate: a rate limiter for a whole fleet.
 #[derive(Debug, Parser)]
@@ -17,53 +22,35 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Runs the service.
+    /// Runs the service: Envoy RLS gRPC and the HTTP API.
     Serve(ServeArgs),
-}
-
-/// Flags of `flowgate serve`.
-#[derive(Debug, clap::Args)]
-pub struct ServeArgs {
-    /// Address of the HTTP API.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub http: SocketAddr,
+    /// Validates configuration files without starting anything (exit 0 if all are valid).
+    CheckConfig(CheckConfigArgs),
 }
 
 /// Runs a parsed command line; returns the process's exit code.
 pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging();
+            serve::run(args)
+        }
+        Command::CheckConfig(args) => check_config::run(&args),
+    }
+}
+
+fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+}
+
+/// A multi-threaded tokio runtime, or the reason there is none.
+fn runtime() -> Result<tokio::runtime::Runtime, std::io::Error> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            tracing::error!("cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match cli.command {
-        Command::Serve(args) => runtime.block_on(async move {
-            let listener = match tokio::net::TcpListener::bind(args.http).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!("cannot listen on {}: {e}", args.http);
-                    return ExitCode::FAILURE;
-                }
-            };
-            tracing::info!("HTTP API on http://{}", args.http);
-            match crate::server::run(listener, crate::server::shutdown_signal()).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("server failed: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }),
-    }
 }

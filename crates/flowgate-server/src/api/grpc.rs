@@ -1,0 +1,48 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over tonic — what Envoy,
+//! Istio, Contour and Gloo call.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::{Request, Response, Status};
+
+use super::{Service, rls};
+
+/// The gRPC rate-limit service.
+#[derive(Debug, Clone)]
+pub struct Rls {
+    /// The shared service.
+    service: Arc<Service>,
+}
+
+impl Rls {
+    /// The tonic service, ready for `Server::add_service`.
+    pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Rls> {
+        RateLimitServiceServer::new(Rls { service })
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let (domain, descriptors, hits) =
+            rls::parse_request(request.into_inner()).map_err(|e| Status::invalid_argument(e.0))?;
+        if self.service.is_noop() {
+            return Ok(Response::new(rls::noop_response(descriptors.len())));
+        }
+        let active = self.service.active();
+        let verdict = self
+            .service
+            .decide(&active, "grpc", &domain, &descriptors, hits)
+            .await;
+        rls::response(&verdict)
+            .map(Response::new)
+            .map_err(|e| Status::unavailable(e.to_string()))
+    }
+}

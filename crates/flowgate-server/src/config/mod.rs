@@ -1,0 +1,203 @@
+//! The policy configuration: envoyproxy/ratelimit YAML files (one domain each) turned into a
+//! [`RuleSet`], with errors that name file, line, column and field; the built-in default policy;
+//! and reloading ([`reload`]).
+//!
+//! The file format is envoyproxy/ratelimit's, so existing files work unchanged:
+//!
+//! ```yaml
+//! domain: edge
+//! descriptors:
+//!   - key: remote_address          # one counter per address
+//!     rate_limit: {unit: minute, requests_per_unit: 100}
+//!   - key: path
+//!     value: "/login"              # this value only
+//!     rate_limit:
+//!       requests_per_unit: 5
+//!       period: 90s                # extension: any period instead of `unit`
+//!       algorithm: gcra            # extension: default sliding_window
+//!       burst: 10                  # extension: gcra / leaky_bucket only
+//!       fail: closed               # extension: open | closed | local
+//! ```
+
+mod error;
+pub mod reload;
+mod yaml;
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use flowgate::policy::rules::{RuleErrorKind, RuleSet};
+
+pub use error::{ConfigError, ConfigErrors};
+
+/// The policy used when `flowgate serve` is given no `--config`: domain `default`, documented
+/// in `docs/service.md`.
+pub const DEFAULT_POLICY: &str = include_str!("default.yaml");
+
+/// The name the built-in policy is reported under.
+pub const DEFAULT_POLICY_NAME: &str = "<built-in default policy>";
+
+/// A loaded, validated policy: every domain's rules and where they came from.
+#[derive(Debug)]
+pub struct Policy {
+    /// The rule trees.
+    pub rules: RuleSet,
+    /// The files it was loaded from, in command-line order.
+    pub files: Vec<PathBuf>,
+    /// A hash of the files' contents: equal digests mean identical configuration.
+    pub digest: u64,
+    /// When it was loaded.
+    pub loaded_at: SystemTime,
+}
+
+/// A configuration file's name and text.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The file's name as given (used in errors).
+    pub path: PathBuf,
+    /// Its contents.
+    pub text: String,
+}
+
+impl Source {
+    /// Reads `path`.
+    pub fn read(path: &Path) -> Result<Source, ConfigError> {
+        std::fs::read_to_string(path)
+            .map(|text| Source {
+                path: path.to_owned(),
+                text,
+            })
+            .map_err(|e| ConfigError::file(path, format!("cannot read: {e}")))
+    }
+
+    /// The built-in default policy.
+    pub fn builtin() -> Source {
+        Source {
+            path: PathBuf::from(DEFAULT_POLICY_NAME),
+            text: DEFAULT_POLICY.to_owned(),
+        }
+    }
+}
+
+/// Reads and validates `paths`; every file is one domain. With no paths, the built-in policy.
+pub fn load(paths: &[PathBuf]) -> Result<Policy, ConfigErrors> {
+    Policy::from_sources(read_all(paths)?)
+}
+
+/// Reads every file of `paths` (the built-in policy when there are none).
+pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Source>, ConfigErrors> {
+    if paths.is_empty() {
+        return Ok(vec![Source::builtin()]);
+    }
+    let mut sources = Vec::with_capacity(paths.len());
+    let mut errors = Vec::new();
+    for path in paths {
+        match Source::read(path) {
+            Ok(source) => sources.push(source),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(sources)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// A hash of the sources' names and contents: the identity of a configuration.
+pub fn digest(sources: &[Source]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    for source in sources {
+        source.path.hash(&mut hasher);
+        source.text.hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+impl Policy {
+    /// Parses and validates configuration texts; every source is one domain.
+    pub fn from_sources(sources: Vec<Source>) -> Result<Policy, ConfigErrors> {
+        let mut errors = Vec::new();
+        let mut domains = Vec::with_capacity(sources.len());
+        let mut positions = Vec::with_capacity(sources.len());
+        let digest = digest(&sources);
+        for source in &sources {
+            match yaml::parse(&source.path, &source.text) {
+                Ok((domain, at)) => {
+                    domains.push(domain);
+                    positions.push(at);
+                }
+                Err(mut e) => errors.append(&mut e),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        let rules = RuleSet::build(domains).map_err(|e| {
+            let file = &sources[e.path.domain].path;
+            let at = positions[e.path.domain].of(&e.path.rules);
+            let field = match e.kind {
+                RuleErrorKind::EmptyDomain | RuleErrorKind::DuplicateDomain(_) => "domain",
+                RuleErrorKind::EmptyKey | RuleErrorKind::DuplicateRule { .. } => "key",
+                RuleErrorKind::EmptyReplaces | RuleErrorKind::ReplacesItself(_) => {
+                    "rate_limit.replaces"
+                }
+            };
+            let message = match &e.kind {
+                RuleErrorKind::DuplicateDomain(d) => {
+                    format!("domain `{d}` is already defined by another file")
+                }
+                other => other.to_string(),
+            };
+            ConfigErrors::from(ConfigError::at(file, at, Some(field), message))
+        })?;
+        Ok(Policy {
+            rules,
+            files: sources.into_iter().map(|s| s.path).collect(),
+            digest,
+            loaded_at: SystemTime::now(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(name: &str, text: &str) -> Source {
+        Source {
+            path: PathBuf::from(name),
+            text: text.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_builtin_policy_is_valid() {
+        let policy = load(&[]).unwrap();
+        assert!(policy.rules.has_domain("default"));
+        assert!(!policy.rules.rules().is_empty());
+    }
+
+    #[test]
+    fn duplicates_across_and_within_files_point_at_the_rule() {
+        let dup_rule = Policy::from_sources(vec![source(
+            "a.yaml",
+            "domain: a\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+        )])
+        .unwrap_err();
+        assert_eq!(
+            dup_rule.to_string(),
+            "a.yaml:5:10: `key`: duplicate rule: another rule at this level has key `k` and value `v`"
+        );
+        let dup_domain = Policy::from_sources(vec![
+            source("a.yaml", "domain: a\n"),
+            source("b.yaml", "\ndomain: a\n"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            dup_domain.to_string(),
+            "b.yaml:2:9: `domain`: domain `a` is already defined by another file"
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! Prometheus metrics (OpenMetrics text on `GET /metrics`).
+//!
+//! Per domain and rule, as envoyproxy/ratelimit reports them: `flowgate_hits_total`,
+//! `flowgate_over_limit_total`, `flowgate_near_limit_total` (≥ 80 % of the limit used),
+//! `flowgate_within_limit_total`, `flowgate_shadow_mode_total` (denials let through by shadow
+//! mode). Labels are `domain` and `rule` (the rule's path in its tree), so their number is
+//! bounded by the number of rules; a rule with `detailed_metric: true` gets one series per
+//! descriptor value instead. Limit overrides sent by clients are counted under
+//! `rule="_override"`.
+//!
+//! Service-wide: `flowgate_store_errors_total{kind}`, `flowgate_fallback_decisions_total{mode}`,
+//! `flowgate_config_reloads_total{result}`, `flowgate_config_version`, and the latency of each
+//! decision `flowgate_decision_duration_seconds{api}`.
+
+use flowgate::FailMode;
+use flowgate::policy::descriptor::{Applied, DescriptorVerdict, Status};
+use flowgate::policy::rules::Rule;
+use flowgate::store::StoreError;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of the per-rule counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's path (`key_value.key2`), or `_override`.
+    pub rule: String,
+}
+
+/// Labels naming one value of a small fixed set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The value.
+    pub kind: &'static str,
+}
+
+/// Label of the decision-latency histogram.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabel {
+    /// `grpc`, `json` or `check`.
+    pub api: &'static str,
+}
+
+/// Label of the reload counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `ok` or `failed`.
+    pub result: &'static str,
+}
+
+/// Label of the fallback counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    /// `open`, `closed` or `local`.
+    pub mode: &'static str,
+}
+
+/// Every per-rule counter family.
+#[derive(Debug, Clone, Default)]
+struct RuleFamilies {
+    hits: Family<RuleLabels, Counter>,
+    over_limit: Family<RuleLabels, Counter>,
+    near_limit: Family<RuleLabels, Counter>,
+    within_limit: Family<RuleLabels, Counter>,
+    shadow_mode: Family<RuleLabels, Counter>,
+}
+
+/// One rule's counters, resolved once per configuration so the hot path only does atomic adds.
+#[derive(Debug, Clone)]
+pub struct RuleCounters {
+    hits: Counter,
+    over_limit: Counter,
+    near_limit: Counter,
+    within_limit: Counter,
+    shadow_mode: Counter,
+}
+
+/// The service's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Where every metric is registered, for encoding.
+    registry: Registry,
+    rules: RuleFamilies,
+    store_errors: Family<KindLabel, Counter>,
+    fallbacks: Family<ModeLabel, Counter>,
+    reloads: Family<ResultLabel, Counter>,
+    version: Gauge,
+    latency: Family<ApiLabel, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("flowgate");
+        let rules = RuleFamilies::default();
+        registry.register("hits", "Units asked for, per rule", rules.hits.clone());
+        registry.register(
+            "over_limit",
+            "Units denied (or that shadow mode let through), per rule",
+            rules.over_limit.clone(),
+        );
+        registry.register(
+            "near_limit",
+            "Units allowed with at least 80% of the limit used, per rule",
+            rules.near_limit.clone(),
+        );
+        registry.register(
+            "within_limit",
+            "Units allowed, per rule",
+            rules.within_limit.clone(),
+        );
+        registry.register(
+            "shadow_mode",
+            "Units over the limit that shadow mode let through, per rule",
+            rules.shadow_mode.clone(),
+        );
+        let store_errors = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Store calls that failed, by kind (timeout, unavailable, backend)",
+            store_errors.clone(),
+        );
+        let fallbacks = Family::<ModeLabel, Counter>::default();
+        registry.register(
+            "fallback_decisions",
+            "Decisions taken by a failure mode because the store could not be asked",
+            fallbacks.clone(),
+        );
+        let reloads = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads, by result (ok, failed)",
+            reloads.clone(),
+        );
+        let version = Gauge::default();
+        registry.register(
+            "config_version",
+            "Version of the running configuration (1 at start, +1 per reload)",
+            version.clone(),
+        );
+        let latency = Family::<ApiLabel, Histogram>::new_with_constructor(|| {
+            // 10 µs … ~84 ms.
+            Histogram::new(exponential_buckets(0.000_01, 2.0, 14))
+        });
+        registry.register(
+            "decision_duration_seconds",
+            "Time to decide one request, by API",
+            latency.clone(),
+        );
+        Metrics {
+            registry,
+            rules,
+            store_errors,
+            fallbacks,
+            reloads,
+            version,
+            latency,
+        }
+    }
+
+    /// The counters of each rule, indexed by `Rule::id`.
+    pub fn rule_counters(&self, rules: &[Rule]) -> Vec<RuleCounters> {
+        rules
+            .iter()
+            .map(|rule| {
+                self.counters(RuleLabels {
+                    domain: rule.domain.clone(),
+                    rule: rule.path.clone(),
+                })
+            })
+            .collect()
+    }
+
+    fn counters(&self, labels: RuleLabels) -> RuleCounters {
+        RuleCounters {
+            hits: self.rules.hits.get_or_create_owned(&labels),
+            over_limit: self.rules.over_limit.get_or_create_owned(&labels),
+            near_limit: self.rules.near_limit.get_or_create_owned(&labels),
+            within_limit: self.rules.within_limit.get_or_create_owned(&labels),
+            shadow_mode: self.rules.shadow_mode.get_or_create_owned(&labels),
+        }
+    }
+
+    /// Counts one descriptor's outcome. `counters` are the running configuration's, by rule id;
+    /// `detail` builds the series name of `detailed_metric` rules.
+    pub fn record(
+        &self,
+        domain: &str,
+        verdict: &DescriptorVerdict<'_>,
+        counters: &[RuleCounters],
+        detail: impl FnOnce() -> String,
+    ) {
+        let decision = match &verdict.status {
+            Status::Checked(decision) => Some(decision),
+            Status::Failed(StoreError::Capacity(_)) => None,
+            Status::Failed(e) => {
+                let kind = match e {
+                    StoreError::Timeout(_) => "timeout",
+                    StoreError::Unavailable(_) => "unavailable",
+                    _ => "backend",
+                };
+                self.store_errors.get_or_create(&KindLabel { kind }).inc();
+                return;
+            }
+            _ => return,
+        };
+        if let Some(mode) = decision.and_then(|d| d.fallback) {
+            let mode = match mode {
+                FailMode::Open => "open",
+                FailMode::Closed => "closed",
+                FailMode::Local => "local",
+            };
+            self.fallbacks.get_or_create(&ModeLabel { mode }).inc();
+        }
+        let owned;
+        let counters = match verdict.applied {
+            Some(Applied::Rule(rule)) if !rule.detailed_metric => match counters.get(rule.id) {
+                Some(c) => c,
+                None => return,
+            },
+            Some(Applied::Rule(rule)) => {
+                owned = self.counters(RuleLabels {
+                    domain: rule.domain.clone(),
+                    rule: detail(),
+                });
+                &owned
+            }
+            Some(Applied::Override(..)) => {
+                owned = self.counters(RuleLabels {
+                    domain: domain.to_owned(),
+                    rule: "_override".to_owned(),
+                });
+                &owned
+            }
+            None => return,
+        };
+        let hits = verdict.hits;
+        counters.hits.inc_by(hits);
+        match decision {
+            Some(d) if d.allowed => {
+                counters.within_limit.inc_by(hits);
+                let used = d.limit.saturating_sub(d.remaining);
+                if d.limit > 0 && used.saturating_mul(10) >= d.limit.saturating_mul(8) {
+                    counters.near_limit.inc_by(hits);
+                }
+            }
+            _ => {
+                counters.over_limit.inc_by(hits);
+                if verdict.applied.is_some_and(|a| a.shadow_mode()) {
+                    counters.shadow_mode.inc_by(hits);
+                }
+            }
+        }
+    }
+
+    /// Records how long a decision took.
+    pub fn observe_latency(&self, api: &'static str, seconds: f64) {
+        self.latency
+            .get_or_create(&ApiLabel { api })
+            .observe(seconds);
+    }
+
+    /// Counts a reload and, when it succeeded, the new version.
+    pub fn reloaded(&self, ok: bool, version: u64) {
+        let result = if ok { "ok" } else { "failed" };
+        self.reloads.get_or_create(&ResultLabel { result }).inc();
+        if ok {
+            self.version.set(i64::try_from(version).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the configuration version (at start).
+    pub fn set_version(&self, version: u64) {
+        self.version.set(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+
+    /// The OpenMetrics text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,260 @@
+//! The HTTP API over real HTTP/1.1 on loopback: `/json`, `/v1/check`, problem details,
+//! health, readiness, configuration and metrics.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::TestServer;
+
+const API: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: gcra, burst: 2, name: per_user}
+  - key: ip
+    detailed_metric: true
+    rate_limit: {period: 90s, requests_per_unit: 5, algorithm: sliding_log}
+  - key: beta
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+"#;
+
+async fn api() -> TestServer {
+    TestServer::start(&[("api.yaml", API)]).await
+}
+
+fn check_body(key: &str, value: &str) -> String {
+    format!(
+        r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_endpoint_speaks_rls_proto_json_with_200_and_429() {
+    let server = api().await;
+    let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+    let first = server.post("/json", body).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let json = first.json();
+    assert_eq!(json["overallCode"], "OK");
+    assert_eq!(json["statuses"][0]["code"], "OK");
+    assert_eq!(json["statuses"][0]["currentLimit"]["requestsPerUnit"], 2);
+    assert_eq!(json["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    assert_eq!(json["statuses"][0]["currentLimit"]["name"], "per_user");
+    assert_eq!(json["statuses"][0]["limitRemaining"], 1);
+    assert!(
+        json["statuses"][0]["durationUntilReset"]
+            .as_str()
+            .unwrap()
+            .ends_with('s')
+    );
+    assert_eq!(json["responseHeadersToAdd"][0]["key"], "RateLimit-Policy");
+    // snake_case field names are accepted too.
+    let snake = r#"{"domain":"api","hits_addend":1,"descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+    assert_eq!(server.post("/json", snake).await.status, 200);
+    let denied = server.post("/json", body).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.json()["overallCode"], "OVER_LIMIT");
+    assert_eq!(denied.json()["statuses"][0]["code"], "OVER_LIMIT");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_endpoint_reports_every_limit_with_ietf_headers() {
+    let server = api().await;
+    let body = r#"{"domain":"api","descriptors":[
+        {"entries":[{"key":"user","value":"a"}]},
+        {"entries":[{"key":"ip","value":"1.2.3.4"}], "hits_addend": 2},
+        {"entries":[{"key":"other","value":"x"}]}]}"#;
+    let r = server.post("/v1/check", body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let json = r.json();
+    assert_eq!(json["allowed"], true);
+    assert_eq!(json["config_version"], 1);
+    let user = &json["descriptors"][0];
+    assert_eq!(user["status"], "ok");
+    assert_eq!(user["limit"], 2);
+    assert_eq!(user["remaining"], 1);
+    assert_eq!(user["algorithm"], "gcra");
+    assert_eq!(user["name"], "per_user");
+    assert_eq!(user["shadow"], false);
+    assert_eq!(user["retry_after_ms"], 0);
+    let ip = &json["descriptors"][1];
+    assert_eq!(
+        (ip["limit"].as_u64(), ip["remaining"].as_u64()),
+        (Some(5), Some(3))
+    );
+    assert_eq!(ip["period_ms"], 90_000);
+    assert_eq!(ip["algorithm"], "sliding_log");
+    assert_eq!(json["descriptors"][2]["status"], "unmatched");
+    assert_eq!(
+        r.header("ratelimit-policy").unwrap(),
+        "\"per_user\";q=2;w=60, \"ip\";q=5;w=90"
+    );
+    assert!(
+        r.header("ratelimit")
+            .unwrap()
+            .starts_with("\"per_user\";r=1;t=")
+    );
+    assert!(r.header("retry-after").is_none());
+
+    server.post("/v1/check", &check_body("user", "a")).await;
+    let denied = server.post("/v1/check", &check_body("user", "a")).await;
+    assert_eq!(denied.status, 429);
+    let d = &denied.json()["descriptors"][0];
+    assert_eq!(
+        (d["status"].as_str(), d["allowed"].as_bool()),
+        (Some("over_limit"), Some(false))
+    );
+    let retry_ms = d["retry_after_ms"].as_u64().unwrap();
+    assert!(retry_ms > 0 && retry_ms <= 30_000, "{retry_ms}");
+    let retry_after: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(
+        retry_after,
+        retry_ms.div_ceil(1000),
+        "whole seconds rounded up"
+    );
+    assert_eq!(denied.header("cache-control"), Some("no-store"));
+    assert!(denied.header("ratelimit").unwrap().contains(";r=0;"));
+    // Shadow mode: reported over the limit, allowed.
+    server.post("/v1/check", &check_body("beta", "b")).await;
+    let shadow = server.post("/v1/check", &check_body("beta", "b")).await;
+    assert_eq!(shadow.status, 200);
+    let s = &shadow.json()["descriptors"][0];
+    assert_eq!(
+        (
+            s["status"].as_str(),
+            s["allowed"].as_bool(),
+            s["shadow"].as_bool()
+        ),
+        (Some("over_limit"), Some(true), Some(true))
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_bodies_get_problem_details_never_a_crash() {
+    let server = api().await;
+    let bad = [
+        ("/v1/check", ""),
+        ("/v1/check", "{"),
+        ("/v1/check", "[]"),
+        ("/v1/check", r#"{"domain":"api"}"#),
+        (
+            "/v1/check",
+            r#"{"domain":"","descriptors":[{"entries":[]}]}"#,
+        ),
+        ("/v1/check", r#"{"domain":"api","descriptors":[]}"#),
+        (
+            "/v1/check",
+            r#"{"domain":"api","descriptors":[{"entries":[{"key":1}]}]}"#,
+        ),
+        (
+            "/v1/check",
+            r#"{"domain":"api","descriptors":[{"entries":[]}],"extra":1}"#,
+        ),
+        (
+            "/v1/check",
+            r#"{"domain":"api","descriptors":[{"entries":[],"limit":{"requests_per_unit":1,"unit":"fortnight"}}]}"#,
+        ),
+        (
+            "/v1/check",
+            r#"{"domain":"api","descriptors":[{"entries":[]}],"hits_addend":-1}"#,
+        ),
+        ("/json", "not json"),
+        (
+            "/json",
+            r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"u"}],"limit":{"requests_per_unit":1}}]}"#,
+        ),
+        (
+            "/json",
+            r#"{"domain":"api","descriptors":[{"entries":[],"isNegativeHits":true}]}"#,
+        ),
+        (
+            "/json",
+            r#"{"domain":"api","hits_addend":99999999999,"descriptors":[{"entries":[]}]}"#,
+        ),
+        ("/json", r#"{"descriptors":[{"entries":[]}]}"#),
+        ("/json", "\u{0}\u{1}\u{2}"),
+    ];
+    for (path, body) in bad {
+        let r = server.post(path, body).await;
+        assert_eq!(r.status, 400, "{path} {body:?} → {} {}", r.status, r.body);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        let problem = r.json();
+        assert_eq!(problem["status"], 400);
+        assert!(problem["type"].as_str().unwrap().starts_with("https://"));
+        assert!(!problem["detail"].as_str().unwrap().is_empty());
+    }
+    // The server is still fine.
+    assert_eq!(
+        server
+            .post("/v1/check", &check_body("user", "z"))
+            .await
+            .status,
+        200
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_config() {
+    let server = api().await;
+    let health = server.get("/healthz").await;
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let ready = server.get("/readyz").await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["store"], "ok");
+    let config = server.get("/v1/config").await.json();
+    assert_eq!(config["version"], 1);
+    assert_eq!(config["domains"][0], "api");
+    let rules = config["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 3);
+    assert_eq!(rules[0]["rule"], "user");
+    assert_eq!(rules[0]["burst"], 2);
+    assert_eq!(rules[1]["period_ms"], 90_000);
+    assert_eq!(rules[2]["shadow_mode"], true);
+    assert!(config["files"][0].as_str().unwrap().ends_with("api.yaml"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_hits_per_rule_with_bounded_labels() {
+    let server = api().await;
+    for _ in 0..3 {
+        server.post("/v1/check", &check_body("user", "m")).await;
+    }
+    for value in ["1.1.1.1", "2.2.2.2"] {
+        server.post("/v1/check", &check_body("ip", value)).await;
+    }
+    for _ in 0..2 {
+        server.post("/v1/check", &check_body("beta", "b")).await;
+    }
+    let user = |m: &str| format!("flowgate_{m}_total{{domain=\"api\",rule=\"user\"}}");
+    assert_eq!(server.metric(&user("hits")).await, 3.0);
+    assert_eq!(server.metric(&user("within_limit")).await, 2.0);
+    assert_eq!(server.metric(&user("over_limit")).await, 1.0);
+    // The second call used 2 of 2: near the limit.
+    assert_eq!(server.metric(&user("near_limit")).await, 1.0);
+    let beta = |m: &str| format!("flowgate_{m}_total{{domain=\"api\",rule=\"beta\"}}");
+    assert_eq!(server.metric(&beta("shadow_mode")).await, 1.0);
+    assert_eq!(server.metric(&beta("over_limit")).await, 1.0);
+    // detailed_metric: one series per value.
+    assert_eq!(
+        server
+            .metric("flowgate_hits_total{domain=\"api\",rule=\"ip_1.1.1.1\"}")
+            .await,
+        1.0
+    );
+    let text = server.get("/metrics").await.body;
+    assert!(
+        !text.contains("rule=\"user_m\""),
+        "values never label non-detailed rules"
+    );
+    assert!(
+        text.contains("flowgate_decision_duration_seconds_count{api=\"check\"} 7"),
+        "{text}"
+    );
+    assert!(text.contains("flowgate_config_version 1"));
+    server.stop().await;
+}
