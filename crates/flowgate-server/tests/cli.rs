@@ -1,0 +1,175 @@
+//! The `flowgate` binary: `check-config` messages and exit codes, and `serve` shutting down
+//! gracefully on SIGTERM.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+
+#[test]
+fn check_config_accepts_valid_files_and_names_line_and_column_of_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(
+        &good,
+        "domain: good\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let out = Command::new(FLOWGATE)
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("ok: 1 file(s), 1 domain(s), 1 limit(s)")
+    );
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "domain: bad\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: second\n  - key: k\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: fastest}\n",
+    )
+    .unwrap();
+    let out = Command::new(FLOWGATE)
+        .arg("check-config")
+        .arg(&good)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bad_name = bad.display().to_string();
+    assert!(
+        stderr.contains(&format!(
+            "{bad_name}:6:13: `rate_limit.unit`: must not be set when `unlimited` is true"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{bad_name}:9:65: `rate_limit.algorithm`: unknown algorithm `fastest`"
+        )),
+        "{stderr}"
+    );
+
+    let dup = dir.path().join("dup.yaml");
+    std::fs::write(&dup, "domain: good\n").unwrap();
+    let out = Command::new(FLOWGATE)
+        .args(["check-config"])
+        .arg(&good)
+        .arg(&dup)
+        .arg(dir.path().join("missing.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("missing.yaml: cannot read"), "{stderr}");
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+#[test]
+fn serve_with_the_builtin_policy_then_sigterm_finishes_in_flight_calls_and_exits_0() {
+    let (http, grpc) = (free_port(), free_port());
+    let mut child = Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--http",
+            &http.to_string(),
+            "--grpc",
+            &grpc.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The built-in policy: domain `default`.
+    let config = http_get(http, "/v1/config").unwrap();
+    assert!(config.contains("\"domains\":[\"default\"]"), "{config}");
+
+    // Callers keep checking while SIGTERM arrives: every response that arrives is complete.
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut complete, mut refused) = (0, 0);
+                let body = r#"{"domain":"default","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+                for _ in 0..2000 {
+                    let Ok(mut conn) = TcpStream::connect_timeout(&http, Duration::from_secs(1)) else {
+                        refused += 1;
+                        break;
+                    };
+                    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let request = format!(
+                        "POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if conn.write_all(request.as_bytes()).is_err() {
+                        refused += 1;
+                        break;
+                    }
+                    let mut response = String::new();
+                    match conn.read_to_string(&mut response) {
+                        Ok(_) if response.is_empty() => {
+                            refused += 1;
+                            break;
+                        }
+                        Ok(_) => {
+                            assert!(response.ends_with('}'), "truncated: {response}");
+                            complete += 1;
+                        }
+                        Err(_) => {
+                            refused += 1;
+                            break;
+                        }
+                    }
+                }
+                (complete, refused)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    let completed: i32 = callers.into_iter().map(|c| c.join().unwrap().0).sum();
+    assert!(completed > 0);
+    assert!(http_get(http, "/healthz").is_none(), "no longer accepting");
+}

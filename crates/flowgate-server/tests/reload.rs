@@ -1,0 +1,125 @@
+//! Reloading: new limits apply while calls keep succeeding; a broken file is rejected, counted
+//! and the running policy stays live; counters of unchanged rules are kept.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
+
+fn policy(user_limit: u64) -> String {
+    format!(
+        "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {user_limit}, algorithm: fixed_window}}\n  - key: team\n    rate_limit: {{unit: minute, requests_per_unit: 10, algorithm: fixed_window}}\n  - key: load\n    rate_limit: {{unit: minute, requests_per_unit: 1000000, algorithm: fixed_window}}\n"
+    )
+}
+
+/// Polls `/v1/config` until the configuration version is `version` (bounded: 10 s).
+async fn wait_for_version(server: &TestServer, version: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let current = server.get("/v1/config").await.json()["version"].as_u64();
+        if current == Some(version) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "version {version} never came (at {current:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_under_load_applies_new_limits_without_failed_calls() {
+    let server = TestServer::start(&[("app.yaml", &policy(1000))]).await;
+    let mut rls = server.rls().await;
+    // Take 3 of team's 10 before the reload.
+    for _ in 0..3 {
+        should(&mut rls, request("app", vec![descriptor(&[("team", "t")])])).await;
+    }
+
+    // Load: 4 callers until told to stop (bounded by 20 s), counting every outcome.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (calls, failures) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut callers = Vec::new();
+    for _ in 0..4 {
+        let (stop, calls, failures) = (stop.clone(), calls.clone(), failures.clone());
+        let mut client = server.rls().await;
+        callers.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                let r = client
+                    .should_rate_limit(request("app", vec![descriptor(&[("load", "x")])]))
+                    .await;
+                calls.fetch_add(1, Ordering::Relaxed);
+                if !matches!(r, Ok(ref r) if r.get_ref().overall_code == OK) {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::write(&server.files[0], policy(2)).unwrap();
+    wait_for_version(&server, 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    assert!(calls.load(Ordering::Relaxed) > 20, "the load ran");
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "no call failed during the reload"
+    );
+
+    // The new limit applies: 2 per minute.
+    let user = || request("app", vec![descriptor(&[("user", "u")])]);
+    assert_eq!(should(&mut rls, user()).await.overall_code, OK);
+    assert_eq!(should(&mut rls, user()).await.overall_code, OK);
+    assert_eq!(should(&mut rls, user()).await.overall_code, OVER_LIMIT);
+    // The unchanged rule kept its counter: 3 taken before, this is the 4th.
+    let team = should(&mut rls, request("app", vec![descriptor(&[("team", "t")])])).await;
+    assert_eq!(team.statuses[0].limit_remaining, 6);
+    assert_eq!(
+        server
+            .metric("flowgate_config_reloads_total{result=\"ok\"}")
+            .await,
+        1.0
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_reload_keeps_the_running_policy() {
+    let server = TestServer::start(&[("app.yaml", &policy(1))]).await;
+    let mut rls = server.rls().await;
+    std::fs::write(
+        &server.files[0],
+        "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5, colour: red}\n",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .metric("flowgate_config_reloads_total{result=\"failed\"}")
+        .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "the broken file was never seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.get("/v1/config").await.json()["version"], 1);
+    // Still 1 per minute.
+    let user = || request("app", vec![descriptor(&[("user", "b")])]);
+    assert_eq!(should(&mut rls, user()).await.overall_code, OK);
+    assert_eq!(should(&mut rls, user()).await.overall_code, OVER_LIMIT);
+    // Fixing the file installs it.
+    std::fs::write(&server.files[0], policy(5)).unwrap();
+    wait_for_version(&server, 2).await;
+    let fresh = should(&mut rls, request("app", vec![descriptor(&[("user", "c")])])).await;
+    assert_eq!(fresh.statuses[0].limit_remaining, 4);
+    server.stop().await;
+}
