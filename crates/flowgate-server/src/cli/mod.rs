@@ -1,6 +1,7 @@
-//! Command-line interface: `flowgate serve`, `flowgate check-config`.
+//! Command-line interface: `flowgate serve`, `flowgate check-config`, `flowgate loadgen`.
 
 mod check_config;
+pub mod loadgen;
 mod serve;
 
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub use check_config::CheckConfigArgs;
+pub use loadgen::LoadgenArgs;
 pub use serve::ServeArgs;
 
 /// Flowgate: a rate limiter for a whole fleet.
@@ -26,6 +28,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validates configuration files without starting anything (exit 0 if all are valid).
     CheckConfig(CheckConfigArgs),
+    /// Drives load at a rate-limit service (gRPC RLS, /json, /v1/check) and reports
+    /// throughput and latency percentiles.
+    Loadgen(LoadgenArgs),
 }
 
 /// Runs a parsed command line; returns the process's exit code.
@@ -36,6 +41,7 @@ pub fn run(cli: Cli) -> ExitCode {
             serve::run(args)
         }
         Command::CheckConfig(args) => check_config::run(&args),
+        Command::Loadgen(args) => loadgen::run(&args),
     }
 }
 

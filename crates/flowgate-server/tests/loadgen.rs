@@ -1,0 +1,118 @@
+//! `flowgate loadgen` against a real server, over every protocol.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use clap::Parser;
+use common::TestServer;
+use flowgate_server::cli::loadgen::measure;
+use flowgate_server::cli::{Cli, Command, LoadgenArgs};
+
+const POLICY: &str = "domain: lg\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}\n";
+
+fn args(target: String, extra: &[&str]) -> LoadgenArgs {
+    let mut argv = vec![
+        "flowgate", "loadgen", "--target", &target, "--domain", "lg", "--key", "k",
+    ];
+    argv.extend_from_slice(extra);
+    match Cli::parse_from(argv).command {
+        Command::Loadgen(args) => args,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_allowed_and_limited_requests_on_every_protocol() {
+    let server = TestServer::start(&[("lg.yaml", POLICY)]).await;
+    let targets = [
+        format!("grpc://{}", server.grpc),
+        format!("http://{}/json", server.http),
+        format!("http://{}/v1/check", server.http),
+    ];
+    for target in targets {
+        let report = measure(&args(
+            target.clone(),
+            &["--keys", "1", "--requests", "50", "-c", "8"],
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            (report.requests, report.errors),
+            (50, 0),
+            "{target}: {report:?}"
+        );
+        assert_eq!(report.ok + report.over_limit, 50);
+        assert!(report.latency_us.p50 > 0 && report.latency_us.p50 <= report.latency_us.p999);
+        assert!(report.throughput > 0.0);
+    }
+    // All three runs sent the one value `k0`: 150 hits, of which the limit allowed 10.
+    let hits = server
+        .metric("flowgate_hits_total{domain=\"lg\",rule=\"k\"}")
+        .await;
+    assert_eq!(hits, 150.0);
+    let within = server
+        .metric("flowgate_within_limit_total{domain=\"lg\",rule=\"k\"}")
+        .await;
+    assert_eq!(within, 10.0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zipf_keys_for_a_duration_and_json_output_from_the_binary() {
+    let server = TestServer::start(&[("lg.yaml", POLICY)]).await;
+    let report = measure(&args(
+        format!("grpc://{}", server.grpc),
+        &[
+            "--keys",
+            "100",
+            "--distribution",
+            "zipf",
+            "--duration",
+            "300ms",
+            "-c",
+            "4",
+        ],
+    ))
+    .await
+    .unwrap();
+    assert!(report.requests > 0 && report.errors == 0);
+    assert!(
+        (0.2..1.0).contains(&report.elapsed_s),
+        "{}",
+        report.elapsed_s
+    );
+    // Zipf: the top keys are hot, so many requests are over their limit of 10.
+    assert!(report.over_limit > 0);
+
+    let target = format!("http://{}/v1/check", server.http);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
+            .args([
+                "loadgen", "--target", &target, "--domain", "lg", "--key", "k",
+            ])
+            .args([
+                "--requests",
+                "20",
+                "--keys",
+                "1000",
+                "--seed",
+                "9",
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["requests"], 20);
+    assert_eq!(json["protocol"], "http /v1/check");
+    for p in ["p50", "p90", "p99", "p999", "max"] {
+        assert!(json["latency_us"][p].as_u64().unwrap() > 0, "{p}");
+    }
+    // A bad target is an error, not a hang.
+    let bad = measure(&args("ftp://nowhere".into(), &["--requests", "1"])).await;
+    assert!(bad.is_err());
+    server.stop().await;
+}
