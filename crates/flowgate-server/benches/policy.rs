@@ -19,13 +19,22 @@ use flowgate::policy::rules::{DomainSpec, LimitSpec, Rate, RuleSet, RuleSpec};
 use flowgate::store::MemoryStore;
 use flowgate::{Algorithm, Quota};
 
-const KEYS: usize = 10_000;
+/// Distinct values: `FLOWGATE_BENCH_KEYS`, default 10,000.
+fn keys() -> usize {
+    std::env::var("FLOWGATE_BENCH_KEYS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(10_000)
+}
 const LIMIT: u64 = 1_000_000_000;
 
 /// Runs a future that completes without waiting (the memory store never waits).
 fn now<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
-    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
         Poll::Ready(output) => output,
         Poll::Pending => panic!("the memory store never waits"),
     }
@@ -33,27 +42,36 @@ fn now<F: Future>(future: F) -> F::Output {
 
 /// A xorshift sequence of indices, the same for every contender.
 fn indices() -> Vec<usize> {
+    let keys = keys() as u64;
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     (0..1 << 16)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            (x % KEYS as u64) as usize
+            (x % keys) as usize
         })
         .collect()
 }
 
 fn flowgate(c: &mut Criterion, algorithm: Algorithm) {
-    let quota = Quota::per_minute(LIMIT).unwrap().with_algorithm(algorithm).unwrap();
+    let quota = Quota::per_minute(LIMIT)
+        .unwrap()
+        .with_algorithm(algorithm)
+        .unwrap();
     let rules = RuleSet::build(vec![DomainSpec::new(
         "bench",
         vec![RuleSpec::new("user").with_limit(LimitSpec::new(Rate::Limited(quota)))],
     )])
     .unwrap();
     let store = MemoryStore::new();
-    let requests: Vec<[Descriptor; 1]> = (0..KEYS)
-        .map(|i| [Descriptor::new(vec![Entry::new("user", format!("user-{i}"))])])
+    let requests: Vec<[Descriptor; 1]> = (0..keys())
+        .map(|i| {
+            [Descriptor::new(vec![Entry::new(
+                "user",
+                format!("user-{i}"),
+            )])]
+        })
         .collect();
     let order = indices();
     let mut next = 0;
@@ -67,15 +85,47 @@ fn flowgate(c: &mut Criterion, algorithm: Algorithm) {
     });
 }
 
+/// The memory store alone, with the counter keys built in advance: what the policy layer adds
+/// is the difference to `policy/flowgate/fixed_window`.
+fn store_only(c: &mut Criterion) {
+    let quota = Quota::per_minute(LIMIT)
+        .unwrap()
+        .with_algorithm(Algorithm::FixedWindow)
+        .unwrap();
+    let store = MemoryStore::new();
+    let keys: Vec<String> = (0..keys())
+        .map(|i| {
+            flowgate::policy::descriptor::counter_key(
+                "bench",
+                &[Entry::new("user", format!("user-{i}"))],
+                &quota,
+            )
+        })
+        .collect();
+    let order = indices();
+    let mut next = 0;
+    c.bench_function("policy/memory_store_only/fixed_window", |b| {
+        b.iter(|| {
+            next = (next + 1) & (order.len() - 1);
+            black_box(
+                store
+                    .acquire_now(&keys[order[next]], &quota, 1)
+                    .unwrap()
+                    .allowed,
+            )
+        })
+    });
+}
+
 fn limitador(c: &mut Criterion) {
     use limitador::RateLimiter;
     use limitador::limit::{Context as LimitadorContext, Limit};
 
-    let limiter = RateLimiter::new(KEYS as u64 * 2);
+    let limiter = RateLimiter::new(keys() as u64 * 2);
     let variable = "user".try_into().unwrap();
     limiter.add_limit(Limit::new("bench", LIMIT, 60, vec![], vec![variable]));
     let namespace = "bench".into();
-    let contexts: Vec<LimitadorContext<'_>> = (0..KEYS)
+    let contexts: Vec<LimitadorContext<'_>> = (0..keys())
         .map(|i| HashMap::from([("user".to_owned(), format!("user-{i}"))]).into())
         .collect();
     let order = indices();
@@ -96,6 +146,7 @@ fn policy(c: &mut Criterion) {
     flowgate(c, Algorithm::FixedWindow);
     flowgate(c, Algorithm::SlidingWindow);
     flowgate(c, Algorithm::Gcra);
+    store_only(c);
     limitador(c);
 }
 

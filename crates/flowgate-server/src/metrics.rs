@@ -23,6 +23,17 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The API a decision was asked through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// Envoy RLS over gRPC.
+    Grpc = 0,
+    /// `POST /json`.
+    Json = 1,
+    /// `POST /v1/check`.
+    Check = 2,
+}
+
 /// Labels of the per-rule counters.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabels {
@@ -90,7 +101,8 @@ pub struct Metrics {
     fallbacks: Family<ModeLabel, Counter>,
     reloads: Family<ResultLabel, Counter>,
     version: Gauge,
-    latency: Family<ApiLabel, Histogram>,
+    /// Decision latency per API, resolved once: `[grpc, json, check]`.
+    latency: [Histogram; 3],
 }
 
 impl Default for Metrics {
@@ -158,6 +170,8 @@ impl Metrics {
             "Time to decide one request, by API",
             latency.clone(),
         );
+        let latency =
+            ["grpc", "json", "check"].map(|api| latency.get_or_create_owned(&ApiLabel { api }));
         Metrics {
             registry,
             rules,
@@ -265,10 +279,8 @@ impl Metrics {
     }
 
     /// Records how long a decision took.
-    pub fn observe_latency(&self, api: &'static str, seconds: f64) {
-        self.latency
-            .get_or_create(&ApiLabel { api })
-            .observe(seconds);
+    pub fn observe_latency(&self, api: Api, seconds: f64) {
+        self.latency[api as usize].observe(seconds);
     }
 
     /// Counts a reload and, when it succeeded, the new version.

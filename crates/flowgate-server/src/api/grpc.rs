@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use tonic::{Request, Response, Status};
 
 use super::{Service, rls};
+use crate::metrics::Api;
 
 /// The gRPC rate-limit service.
 #[derive(Debug, Clone)]
@@ -39,7 +40,7 @@ impl RateLimitService for Rls {
         let active = self.service.active();
         let verdict = self
             .service
-            .decide(&active, "grpc", &domain, &descriptors, hits)
+            .decide(&active, Api::Grpc, &domain, &descriptors, hits)
             .await;
         rls::response(&verdict)
             .map(Response::new)

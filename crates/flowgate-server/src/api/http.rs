@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::problem::Problem;
 use super::rls::{self, JsonRequest, JsonResponse};
 use super::{Active, Service};
+use crate::metrics::Api;
 
 /// How long `/readyz` waits for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(1);
@@ -94,7 +95,7 @@ async fn json(State(service): State<Arc<Service>>, body: Bytes) -> Response {
     }
     let active = service.active();
     let verdict = service
-        .decide(&active, "json", &domain, &descriptors, hits)
+        .decide(&active, Api::Json, &domain, &descriptors, hits)
         .await;
     match rls::response(&verdict) {
         Ok(response) => {
@@ -296,7 +297,7 @@ async fn check(State(service): State<Arc<Service>>, body: Bytes) -> Response {
         return noop_check(&active, descriptors.len());
     }
     let verdict = service
-        .decide(&active, "check", &domain, &descriptors, hits)
+        .decide(&active, Api::Check, &domain, &descriptors, hits)
         .await;
     if let Some(e) = rls::hard_failure(&verdict) {
         return Problem::unavailable(e.to_string()).into_response();

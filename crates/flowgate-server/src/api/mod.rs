@@ -19,7 +19,7 @@ use flowgate::store::{Acquire, DynStore, Store, StoreError};
 use flowgate::{Decision, Quota};
 
 use crate::config::{ConfigErrors, Policy, reload};
-use crate::metrics::{Metrics, RuleCounters};
+use crate::metrics::{Api, Metrics, RuleCounters};
 
 /// The running policy and what belongs to it.
 #[derive(Debug)]
@@ -105,7 +105,7 @@ impl Service {
     pub async fn decide<'a>(
         &self,
         active: &'a Active,
-        api: &'static str,
+        api: Api,
         domain: &str,
         descriptors: &[Descriptor],
         hits_addend: u64,

@@ -36,7 +36,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::decision::Decision;
@@ -44,7 +43,7 @@ use crate::quota::{Algorithm, Quota, QuotaError};
 use crate::store::{Acquire, Store, StoreError};
 
 use super::acquire_all;
-use super::rules::{Rate, Rule, RuleSet, Unit};
+use super::rules::{Rate, Rule, RuleSet, Unit, quota_suffix};
 
 /// The algorithm of rules that do not name one, and of limit overrides.
 pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingWindow;
@@ -191,16 +190,27 @@ pub struct Verdict<'r> {
 }
 
 /// Which limit applies to each descriptor, before asking any store: [`RuleSet::find`], limit
-/// overrides, `unlimited` and `replaces`. `None` means no limit applies.
+/// overrides, `unlimited` and `replaces`. `applied` is `None` when no limit applies.
+///
+/// Each entry's `status` is `Unmatched`, `Replaced` or `Unlimited`, or a placeholder
+/// `Checked` for the limits [`check`] then asks the store about; `hits` is the
+/// descriptor's cost.
 pub fn resolve<'r>(
     rules: &'r RuleSet,
     domain: &str,
     descriptors: &[Descriptor],
-) -> Result<Vec<(Option<Applied<'r>>, Status)>, QuotaError> {
+    hits_addend: u64,
+) -> Result<Vec<DescriptorVerdict<'r>>, QuotaError> {
+    let request_hits = hits_addend.max(1);
+    let hits = |d: &Descriptor| d.hits_addend.unwrap_or(request_hits);
     if !rules.has_domain(domain) {
         return Ok(descriptors
             .iter()
-            .map(|_| (None, Status::Unmatched))
+            .map(|d| DescriptorVerdict {
+                applied: None,
+                status: Status::Unmatched,
+                hits: hits(d),
+            })
             .collect());
     }
     let mut resolved = Vec::with_capacity(descriptors.len());
@@ -226,23 +236,27 @@ pub fn resolve<'r>(
                 fallback: None,
             }),
         };
-        resolved.push((applied, status));
+        resolved.push(DescriptorVerdict {
+            applied,
+            status,
+            hits: hits(descriptor),
+        });
     }
     // `replaces`: a named rule is skipped when any matched rule (even an unlimited one) names it.
     let replaced: Vec<&str> = resolved
         .iter()
-        .filter_map(|(applied, _)| match applied {
+        .filter_map(|v| match v.applied {
             Some(Applied::Rule(rule)) => Some(rule.replaces.iter().map(String::as_str)),
             _ => None,
         })
         .flatten()
         .collect();
     if !replaced.is_empty() {
-        for (applied, status) in &mut resolved {
-            if let Some(Applied::Rule(rule)) = applied
+        for v in &mut resolved {
+            if let Some(Applied::Rule(rule)) = v.applied
                 && rule.name.as_deref().is_some_and(|n| replaced.contains(&n))
             {
-                *status = Status::Replaced;
+                v.status = Status::Replaced;
             }
         }
     }
@@ -264,13 +278,18 @@ pub fn resolve<'r>(
 /// # Ok::<(), flowgate::QuotaError>(())
 /// ```
 pub fn counter_key(domain: &str, entries: &[Entry], quota: &Quota) -> String {
+    key_with_suffix(domain, entries, &quota_suffix(quota))
+}
+
+/// [`counter_key`] with the quota part already built.
+fn key_with_suffix(domain: &str, entries: &[Entry], suffix: &str) -> String {
     let mut key = String::with_capacity(
         domain.len()
             + entries
                 .iter()
                 .map(|e| e.key.len() + e.value.len() + 2)
                 .sum::<usize>()
-            + 40,
+            + suffix.len(),
     );
     escape_into(&mut key, domain);
     for entry in entries {
@@ -279,21 +298,13 @@ pub fn counter_key(domain: &str, entries: &[Entry], quota: &Quota) -> String {
         key.push('=');
         escape_into(&mut key, &entry.value);
     }
-    // Writing to a String cannot fail.
-    let _ = write!(
-        key,
-        "#{}:{}:{}:{}",
-        quota.algorithm().name(),
-        quota.limit(),
-        quota.period_nanos(),
-        quota.burst()
-    );
+    key.push_str(suffix);
     key
 }
 
 /// Appends `s` with the key's separators (`|`, `=`, `#`) and the escape character escaped.
 fn escape_into(key: &mut String, s: &str) {
-    if !s.contains(['\\', '|', '=', '#']) {
+    if !s.bytes().any(|b| matches!(b, b'\\' | b'|' | b'=' | b'#')) {
         key.push_str(s);
         return;
     }
@@ -332,92 +343,91 @@ pub async fn check<'r, S: Store>(
     descriptors: &[Descriptor],
     hits_addend: u64,
 ) -> Verdict<'r> {
-    let request_hits = hits_addend.max(1);
-    let hits: Vec<u64> = descriptors
-        .iter()
-        .map(|d| d.hits_addend.unwrap_or(request_hits))
-        .collect();
-    let resolved = match resolve(rules, domain, descriptors) {
-        Ok(resolved) => resolved,
+    let mut verdicts = match resolve(rules, domain, descriptors, hits_addend) {
+        Ok(verdicts) => verdicts,
         Err(e) => {
-            let failed = |hits| DescriptorVerdict {
+            let request_hits = hits_addend.max(1);
+            let failed = |d: &Descriptor| DescriptorVerdict {
                 applied: None,
                 status: Status::Failed(StoreError::Backend(format!("invalid limit override: {e}"))),
-                hits,
+                hits: d.hits_addend.unwrap_or(request_hits),
             };
             return Verdict {
                 allowed: false,
-                descriptors: hits.into_iter().map(failed).collect(),
+                descriptors: descriptors.iter().map(failed).collect(),
             };
         }
+    };
+    // The quota of a descriptor the store is asked about.
+    let counted = |v: &DescriptorVerdict<'r>| match (&v.status, v.applied?.rate()) {
+        (Status::Checked(_), Rate::Limited(quota)) => Some(quota),
+        _ => None,
     };
 
     // A blocked, enforced limit denies the request whatever the others say: the others are
     // then only peeked, so nothing is consumed.
-    let blocked_enforced = resolved.iter().any(|(applied, status)| {
-        matches!(status, Status::Checked(_))
-            && applied.is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
+    let blocked_enforced = verdicts.iter().any(|v| {
+        matches!(v.status, Status::Checked(_))
+            && v.applied
+                .is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
     });
 
-    // Build the store requests for the counted descriptors.
+    // Ask the store about every counted descriptor at once.
     let mut keys = Vec::new();
     let mut quotas = Vec::new();
-    let mut shadow = Vec::new();
-    let mut owners = Vec::new();
-    for (i, ((applied, status), descriptor)) in resolved.iter().zip(descriptors).enumerate() {
-        if let (Status::Checked(_), Some(applied)) = (status, applied)
-            && let Rate::Limited(quota) = applied.rate()
-        {
-            keys.push(counter_key(domain, &descriptor.entries, &quota));
-            quotas.push(quota);
-            shadow.push(applied.shadow_mode());
-            owners.push(i);
+    for (v, descriptor) in verdicts.iter().zip(descriptors) {
+        if let (Some(quota), Some(applied)) = (counted(v), v.applied) {
+            keys.push(match applied {
+                Applied::Rule(rule) => {
+                    key_with_suffix(domain, &descriptor.entries, rule.counter_suffix())
+                }
+                Applied::Override(..) => counter_key(domain, &descriptor.entries, &quota),
+            });
+            quotas.push((quota, v.hits, applied.shadow_mode()));
         }
     }
-    let requests: Vec<Acquire<'_>> = keys
-        .iter()
-        .zip(&quotas)
-        .zip(&owners)
-        .map(|((key, quota), &owner)| Acquire {
-            key,
-            quota,
-            cost: if blocked_enforced { 0 } else { hits[owner] },
-        })
-        .collect();
-    let outcome = if requests.is_empty() {
-        None
+    let results = if keys.is_empty() {
+        Vec::new()
     } else {
-        Some(acquire_all(store, &requests, |i| !shadow[i]).await)
+        let requests: Vec<Acquire<'_>> = keys
+            .iter()
+            .zip(&quotas)
+            .map(|(key, (quota, hits, _))| Acquire {
+                key,
+                quota,
+                cost: if blocked_enforced { 0 } else { *hits },
+            })
+            .collect();
+        acquire_all(store, &requests, |i| !quotas[i].2)
+            .await
+            .results
     };
 
-    let mut results = outcome.map(|o| o.results).unwrap_or_default().into_iter();
-    let mut verdicts = Vec::with_capacity(descriptors.len());
-    for (i, (applied, mut status)) in resolved.into_iter().enumerate() {
-        if let (Status::Checked(_), Some(applied)) = (&status, applied) {
-            status = match applied.rate() {
-                Rate::Blocked { period } => Status::Checked(blocked(period)),
-                Rate::Limited(_) => match results.next() {
-                    Some(Ok(decision)) if blocked_enforced && hits[i] > 0 => {
-                        // Peeked only: report what the limit would have said, unconsumed.
-                        Status::Checked(Decision {
-                            allowed: decision.remaining >= hits[i],
-                            ..decision
-                        })
-                    }
-                    Some(Ok(decision)) => Status::Checked(decision),
-                    Some(Err(e)) => Status::Failed(e),
-                    None => Status::Failed(StoreError::Backend("store gave no answer".into())),
-                },
-                Rate::Unlimited => Status::Unlimited,
-            };
+    let mut results = results.into_iter();
+    let mut allowed = true;
+    for v in &mut verdicts {
+        if matches!(v.status, Status::Checked(_)) {
+            match v.applied.map(|a| a.rate()) {
+                Some(Rate::Blocked { period }) => v.status = Status::Checked(blocked(period)),
+                Some(Rate::Limited(_)) => {
+                    v.status = match results.next() {
+                        Some(Ok(decision)) if blocked_enforced && v.hits > 0 => {
+                            // Peeked only: report what the limit would have said, unconsumed.
+                            Status::Checked(Decision {
+                                allowed: decision.remaining >= v.hits,
+                                ..decision
+                            })
+                        }
+                        Some(Ok(decision)) => Status::Checked(decision),
+                        Some(Err(e)) => Status::Failed(e),
+                        None => Status::Failed(StoreError::Backend("store gave no answer".into())),
+                    };
+                }
+                _ => {}
+            }
         }
-        verdicts.push(DescriptorVerdict {
-            applied,
-            status,
-            hits: hits[i],
-        });
+        allowed &= v.allows();
     }
-    let allowed = verdicts.iter().all(DescriptorVerdict::allows);
     Verdict {
         allowed,
         descriptors: verdicts,

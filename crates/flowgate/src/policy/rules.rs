@@ -32,6 +32,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::fmt::Write as _;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -301,9 +302,33 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// Report metrics per descriptor value.
     pub detailed_metric: bool,
+    /// The end of this rule's counter keys (its quota), built once; see
+    /// [`counter_key`](super::descriptor::counter_key).
+    counter_suffix: String,
+}
+
+/// The end of a counter key: the quota's algorithm, limit, period and burst, so a counter is
+/// only ever used with one quota.
+pub(crate) fn quota_suffix(quota: &Quota) -> String {
+    let mut suffix = String::with_capacity(40);
+    // Writing to a String cannot fail.
+    let _ = write!(
+        suffix,
+        "#{}:{}:{}:{}",
+        quota.algorithm().name(),
+        quota.limit(),
+        quota.period_nanos(),
+        quota.burst()
+    );
+    suffix
 }
 
 impl Rule {
+    /// The quota part of this rule's counter keys.
+    pub(crate) fn counter_suffix(&self) -> &str {
+        &self.counter_suffix
+    }
+
     /// The name to show clients: the limit's `name`, else its path.
     pub fn display_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.path)
@@ -359,18 +384,22 @@ pub enum RuleErrorKind {
     ReplacesItself(String),
 }
 
+/// Hash maps of the rule tree: foldhash, fast on short strings (matching is on the hot path;
+/// keys come from configuration, so flooding is not a concern).
+type Map<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 /// The rules for the next entry of a descriptor, by key.
 #[derive(Debug, Default)]
 struct Level {
     /// Rules by entry key.
-    keys: HashMap<String, KeyRules>,
+    keys: Map<KeyRules>,
 }
 
 /// Every rule at one level for one key.
 #[derive(Debug, Default)]
 struct KeyRules {
     /// Rules with an exact value.
-    exact: HashMap<String, Node>,
+    exact: Map<Node>,
     /// Rules whose value ends in `*`, by prefix, longest prefix first.
     prefixes: Vec<(String, Node)>,
     /// The rule without a value.
@@ -411,7 +440,7 @@ impl Level {
 #[derive(Debug, Default)]
 pub struct RuleSet {
     /// The tree of each domain.
-    domains: HashMap<String, Level>,
+    domains: Map<Level>,
     /// Every rule that has a limit, in definition order.
     rules: Vec<Rule>,
 }
@@ -496,7 +525,12 @@ impl RuleSet {
                     return Err(fail(RuleErrorKind::ReplacesItself(name.clone())));
                 }
                 node.rule = Some(self.rules.len());
+                let counter_suffix = match limit.rate {
+                    Rate::Limited(quota) => quota_suffix(&quota),
+                    _ => String::new(),
+                };
                 self.rules.push(Rule {
+                    counter_suffix,
                     id: self.rules.len(),
                     domain: domain.to_owned(),
                     path: rule_path.clone(),

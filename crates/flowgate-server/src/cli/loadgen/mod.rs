@@ -123,6 +123,12 @@ pub struct Latency {
     pub mean: f64,
 }
 
+/// The histograms' range: 1 µs to 60 s, 3 significant digits (slower answers are recorded
+/// as 60 s).
+fn histogram() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
+}
+
 /// Shared progress counters.
 #[derive(Debug, Default)]
 struct Counters {
@@ -247,7 +253,7 @@ pub async fn measure(args: &LoadgenArgs) -> Result<Report, String> {
         let (limit, seed) = (args.requests, args.seed.wrapping_add(worker as u64));
         workers.spawn(async move {
             let mut rng = SmallRng::seed_from_u64(seed);
-            let mut histogram = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+            let mut histogram = histogram()?;
             loop {
                 if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
                     break;
@@ -294,13 +300,11 @@ pub async fn measure(args: &LoadgenArgs) -> Result<Report, String> {
             }
         })
     });
-    let mut merged = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let mut merged = histogram()?;
     let mut failure = None;
     while let Some(joined) = workers.join_next().await {
         match joined {
-            Ok(Ok(histogram)) => {
-                let _ = merged.add(histogram);
-            }
+            Ok(Ok(histogram)) => merged.add(histogram).map_err(|e| e.to_string())?,
             Ok(Err(e)) => failure = Some(e),
             Err(e) => failure = Some(e.to_string()),
         }
