@@ -203,7 +203,7 @@ pub fn resolve<'r>(
 ) -> Result<Vec<DescriptorVerdict<'r>>, QuotaError> {
     let request_hits = hits_addend.max(1);
     let hits = |d: &Descriptor| d.hits_addend.unwrap_or(request_hits);
-    if !rules.has_domain(domain) {
+    let Some(domain_rules) = rules.domain(domain) else {
         return Ok(descriptors
             .iter()
             .map(|d| DescriptorVerdict {
@@ -212,7 +212,7 @@ pub fn resolve<'r>(
                 hits: hits(d),
             })
             .collect());
-    }
+    };
     let mut resolved = Vec::with_capacity(descriptors.len());
     for descriptor in descriptors {
         let applied = match descriptor.limit {
@@ -222,7 +222,7 @@ pub fn resolve<'r>(
                     .with_algorithm(DEFAULT_ALGORITHM)?;
                 Some(Applied::Override(over, Some(quota)))
             }
-            None => rules.find(domain, &descriptor.entries).map(Applied::Rule),
+            None => domain_rules.find(&descriptor.entries).map(Applied::Rule),
         };
         let status = match applied {
             None => Status::Unmatched,
@@ -372,38 +372,64 @@ pub async fn check<'r, S: Store>(
                 .is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
     });
 
-    // Ask the store about every counted descriptor at once.
-    let mut keys = Vec::new();
-    let mut quotas = Vec::new();
-    for (v, descriptor) in verdicts.iter().zip(descriptors) {
-        if let (Some(quota), Some(applied)) = (counted(v), v.applied) {
-            keys.push(match applied {
-                Applied::Rule(rule) => {
-                    key_with_suffix(domain, &descriptor.entries, rule.counter_suffix())
-                }
-                Applied::Override(..) => counter_key(domain, &descriptor.entries, &quota),
-            });
-            quotas.push((quota, v.hits, applied.shadow_mode()));
+    // Ask the store about every counted descriptor at once. With one, there is nothing to give
+    // back on a denial, so it is asked directly (no lists to allocate).
+    let cost = |hits: u64| if blocked_enforced { 0 } else { hits };
+    let key_of = |v: &DescriptorVerdict<'r>, descriptor: &Descriptor, quota: &Quota| match v.applied
+    {
+        Some(Applied::Rule(rule)) => {
+            key_with_suffix(domain, &descriptor.entries, rule.counter_suffix())
+        }
+        _ => counter_key(domain, &descriptor.entries, quota),
+    };
+    let mut single = None;
+    let mut many = 0;
+    for (i, v) in verdicts.iter().enumerate() {
+        if counted(v).is_some() {
+            single = Some(i);
+            many += 1;
         }
     }
-    let results = if keys.is_empty() {
-        Vec::new()
-    } else {
-        let requests: Vec<Acquire<'_>> = keys
-            .iter()
-            .zip(&quotas)
-            .map(|(key, (quota, hits, _))| Acquire {
-                key,
-                quota,
-                cost: if blocked_enforced { 0 } else { *hits },
-            })
-            .collect();
-        acquire_all(store, &requests, |i| !quotas[i].2)
-            .await
-            .results
+    let (mut first, rest) = match (single, many) {
+        (None, _) => (None, Vec::new()),
+        (Some(i), 1) => {
+            let v = &verdicts[i];
+            let quota = counted(v).unwrap_or_else(fallback_quota);
+            let key = key_of(v, &descriptors[i], &quota);
+            (
+                Some(store.acquire(&key, &quota, cost(v.hits)).await),
+                Vec::new(),
+            )
+        }
+        _ => {
+            let mut keys = Vec::with_capacity(many);
+            let mut quotas = Vec::with_capacity(many);
+            for (v, descriptor) in verdicts.iter().zip(descriptors) {
+                if let (Some(quota), Some(applied)) = (counted(v), v.applied) {
+                    keys.push(key_of(v, descriptor, &quota));
+                    quotas.push((quota, v.hits, applied.shadow_mode()));
+                }
+            }
+            let requests: Vec<Acquire<'_>> = keys
+                .iter()
+                .zip(&quotas)
+                .map(|(key, (quota, hits, _))| Acquire {
+                    key,
+                    quota,
+                    cost: cost(*hits),
+                })
+                .collect();
+            (
+                None,
+                acquire_all(store, &requests, |i| !quotas[i].2)
+                    .await
+                    .results,
+            )
+        }
     };
 
-    let mut results = results.into_iter();
+    let mut rest = rest.into_iter();
+    let mut results = std::iter::from_fn(move || first.take().or_else(|| rest.next()));
     let mut allowed = true;
     for v in &mut verdicts {
         if matches!(v.status, Status::Checked(_)) {
@@ -431,6 +457,14 @@ pub async fn check<'r, S: Store>(
     Verdict {
         allowed,
         descriptors: verdicts,
+    }
+}
+
+/// Never used: a counted descriptor always has a quota.
+fn fallback_quota() -> Quota {
+    match Quota::per_second(1) {
+        Ok(quota) => quota,
+        Err(_) => unreachable!("1 per second is a valid quota"),
     }
 }
 

@@ -574,19 +574,14 @@ impl RuleSet {
     /// envoyproxy/ratelimit's matching (see the [module docs](self)). `None` when the domain is
     /// unknown or no rule with a limit matches at the descriptor's depth.
     pub fn find(&self, domain: &str, entries: &[Entry]) -> Option<&Rule> {
-        let mut level = self.domains.get(domain)?;
-        let last = entries.len().checked_sub(1)?;
-        for (depth, entry) in entries.iter().enumerate() {
-            let node = level.lookup(entry)?;
-            if depth == last {
-                return node.rule.map(|i| &self.rules[i]);
-            }
-            if node.children.is_empty() {
-                return None;
-            }
-            level = &node.children;
-        }
-        None
+        self.domain(domain)?.find(entries)
+    }
+
+    /// The rules of `domain`, for several lookups in one domain.
+    pub fn domain(&self, domain: &str) -> Option<DomainRules<'_>> {
+        self.domains
+            .get(domain)
+            .map(|root| DomainRules { set: self, root })
     }
 
     /// Whether `domain` has rules (even an empty list of them).
@@ -602,6 +597,34 @@ impl RuleSet {
     /// Every rule that carries a limit, in definition order; `rules()[r.id] == r`.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+}
+
+/// The rules of one domain of a [`RuleSet`] ([`RuleSet::domain`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DomainRules<'a> {
+    /// The whole set, which owns the rules.
+    set: &'a RuleSet,
+    /// The domain's top level.
+    root: &'a Level,
+}
+
+impl<'a> DomainRules<'a> {
+    /// [`RuleSet::find`] within this domain.
+    pub fn find(&self, entries: &[Entry]) -> Option<&'a Rule> {
+        let mut level = self.root;
+        let last = entries.len().checked_sub(1)?;
+        for (depth, entry) in entries.iter().enumerate() {
+            let node = level.lookup(entry)?;
+            if depth == last {
+                return node.rule.map(|i| &self.set.rules[i]);
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
     }
 }
 
