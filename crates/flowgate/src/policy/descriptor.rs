@@ -2,7 +2,7 @@
 //!
 //! A request names a domain and carries one or more [`Descriptor`]s; each is matched to at most
 //! one rule ([`RuleSet::find`]) or carries its own limit override, and [`check`] asks the store
-//! for all of them at once with [`acquire_all`](super::acquire_all): the request is allowed only
+//! for all of them at once with [`acquire_all`](super::acquire_all()): the request is allowed only
 //! if every enforced limit allows, and a denied request consumes nothing anywhere.
 //!
 //! The envoyproxy/ratelimit rules, all implemented here:
