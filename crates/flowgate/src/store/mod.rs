@@ -6,12 +6,16 @@
 //! trace of calls — `tests/conformance.rs` runs one table of traces against each of them.
 
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
 
 use crate::decision::Decision;
 use crate::quota::{InsufficientCapacity, Quota};
