@@ -2,3 +2,5 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod conformance;
+#[cfg(feature = "redis")]
+pub mod redis;

@@ -92,7 +92,12 @@ async fn run(
 }
 
 /// Runs one batch: one script call per (algorithm, slot) group, all at once.
-async fn dispatch(conn: &Connection, clock: Option<&dyn Clock>, mut jobs: Vec<Job>, timeout: Duration) {
+async fn dispatch(
+    conn: &Connection,
+    clock: Option<&dyn Clock>,
+    mut jobs: Vec<Job>,
+    timeout: Duration,
+) {
     jobs.sort_by_key(|j| (j.quota.algorithm() as u8, j.slot));
     let mut calls = Vec::new();
     while !jobs.is_empty() {
@@ -102,7 +107,12 @@ async fn dispatch(conn: &Connection, clock: Option<&dyn Clock>, mut jobs: Vec<Jo
             .position(|j| j.quota.algorithm() != algorithm || j.slot != slot)
             .unwrap_or(jobs.len());
         let rest = jobs.split_off(split);
-        calls.push(call(conn, clock, std::mem::replace(&mut jobs, rest), timeout));
+        calls.push(call(
+            conn,
+            clock,
+            std::mem::replace(&mut jobs, rest),
+            timeout,
+        ));
     }
     // Every call is sent before any reply is awaited, so they share one round trip.
     let mut set = tokio::task::JoinSet::new();

@@ -85,11 +85,13 @@ impl Connection {
         matches!(self, Connection::Cluster(_))
     }
 
+    /// Sends one command; an error reply from the server is an `Err` too.
     async fn send(&self, cmd: &Cmd) -> Result<Value, RedisError> {
-        match self {
+        let reply = match self {
             Connection::Single(c) => c.clone().req_packed_command(cmd).await,
             Connection::Cluster(c) => c.clone().req_packed_command(cmd).await,
-        }
+        };
+        reply.and_then(Value::extract_error)
     }
 
     /// Runs `script` on `keys` with `args`: `EVALSHA`, and `EVAL` with the source if the
@@ -120,7 +122,8 @@ impl Connection {
             }
             other => other,
         };
-        match reply.map_err(convert)? {
+        let reply = reply.map_err(convert)?;
+        match reply {
             Value::Array(items) => items
                 .into_iter()
                 .map(|v| match v {

@@ -102,10 +102,8 @@ pub enum UnsupportedQuota {
 /// (`fixed_window`, `sliding_log`) a limit of at most 2^53.
 pub fn check_quota(quota: &Quota) -> Result<(), UnsupportedQuota> {
     let algorithm = quota.algorithm();
-    if matches!(
-        algorithm,
-        Algorithm::FixedWindow | Algorithm::SlidingWindow
-    ) && quota.period_nanos() % 1000 != 0
+    if matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+        && quota.period_nanos() % 1000 != 0
     {
         return Err(UnsupportedQuota::PeriodNotWholeMicros {
             algorithm,
@@ -159,9 +157,7 @@ pub(super) fn push_args(args: &mut Vec<u64>, quota: &Quota, cost: u64) {
     args.push(cost);
     match quota.algorithm() {
         Algorithm::Gcra | Algorithm::LeakyBucket => {
-            let span = cost
-                .saturating_mul(quota.interval_nanos())
-                .min(SPAN_CAP);
+            let span = cost.saturating_mul(quota.interval_nanos()).min(SPAN_CAP);
             push_pair(args, span);
             push_pair(args, quota.tolerance_nanos());
         }
@@ -247,11 +243,7 @@ pub(super) fn decide(
             "the Redis {} script {} `{key}` where the reference {}; please report this",
             quota.algorithm(),
             if allowed { "granted" } else { "denied" },
-            if decision.allowed {
-                "grants"
-            } else {
-                "denies"
-            },
+            if decision.allowed { "grants" } else { "denies" },
         )));
     }
     Ok(decision)
