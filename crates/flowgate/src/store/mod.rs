@@ -5,6 +5,7 @@
 //! store serves any number of limits, and every store takes the same decisions for the same
 //! trace of calls — `tests/conformance.rs` runs one table of traces against each of them.
 
+pub mod fallback;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -13,6 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use fallback::{FallbackStats, FallbackStore, FallbackStoreBuilder};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
