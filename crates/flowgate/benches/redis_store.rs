@@ -98,6 +98,27 @@ impl Server {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// `EVALSHA` calls and the µs Redis spent executing them so far (`INFO commandstats`).
+    fn evalsha(&self) -> (f64, f64) {
+        let mut c = redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut c)
+            .unwrap();
+        let Some(line) = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")) else {
+            return (0.0, 0.0);
+        };
+        let field = |name: &str| -> f64 {
+            line.split([':', ','])
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        (field("calls"), field("usec"))
+    }
+
     /// Redis's CPU seconds (user + sys) so far.
     fn cpu(&self) -> f64 {
         let mut c = redis::Client::open(self.url())
@@ -133,12 +154,17 @@ struct Outcome {
     p50: Duration,
     p99: Duration,
     redis_cpu_per_decision: Duration,
+    /// Decisions per `EVALSHA` call.
+    per_call: f64,
+    /// Redis's time executing `EVALSHA` per decision (`INFO commandstats`).
+    script_per_decision: Duration,
 }
 
 /// Runs `decide` from `CALLERS` tasks for `secs`; with `pace`, each caller waits for its next
 /// slot so that all together issue `pace` decisions per second.
 async fn run(server: &Server, decide: Decide, secs: f64, pace: Option<f64>) -> Outcome {
     let cpu0 = server.cpu();
+    let (calls0, usec0) = server.evalsha();
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
@@ -177,6 +203,7 @@ async fn run(server: &Server, decide: Decide, secs: f64, pace: Option<f64>) -> O
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = server.cpu() - cpu0;
+    let (calls1, usec1) = server.evalsha();
     all.sort_unstable();
     let at = |q: f64| Duration::from_nanos(all[((all.len() - 1) as f64 * q) as usize]);
     Outcome {
@@ -185,17 +212,21 @@ async fn run(server: &Server, decide: Decide, secs: f64, pace: Option<f64>) -> O
         p50: at(0.50),
         p99: at(0.99),
         redis_cpu_per_decision: Duration::from_secs_f64(cpu / all.len() as f64),
+        per_call: all.len() as f64 / (calls1 - calls0).max(1.0),
+        script_per_decision: Duration::from_secs_f64((usec1 - usec0) / 1e6 / all.len() as f64),
     }
 }
 
 fn report(name: &str, o: &Outcome, baseline: Option<f64>) {
     let ratio = baseline.map_or(String::new(), |b| format!("{:>6.2}×", o.per_sec / b));
     println!(
-        "{name:<44} {:>10.0}/s {ratio:>8} p50 {:>7.1?} p99 {:>7.1?}  Redis CPU {:>5.2} µs/decision  ({} decisions)",
+        "{name:<44} {:>8.0}/s {ratio:>7} p50 {:>7.1?} p99 {:>7.1?} | Redis CPU {:>5.2} µs/decision, script {:>5.2} µs/decision, {:>5.1} decisions/EVALSHA ({} decisions)",
         o.per_sec,
         o.p50,
         o.p99,
         o.redis_cpu_per_decision.as_secs_f64() * 1e6,
+        o.script_per_decision.as_secs_f64() * 1e6,
+        o.per_call,
         o.decisions
     );
 }

@@ -6,6 +6,8 @@
 //! trace of calls — `tests/conformance.rs` runs one table of traces against each of them.
 
 pub mod fallback;
+#[cfg(feature = "redis")]
+pub mod hybrid;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -15,6 +17,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use fallback::{FallbackStats, FallbackStore, FallbackStoreBuilder};
+#[cfg(feature = "redis")]
+pub use hybrid::{HybridStore, HybridStoreBuilder};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};

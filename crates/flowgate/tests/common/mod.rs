@@ -3,4 +3,6 @@
 
 pub mod conformance;
 #[cfg(feature = "redis")]
+pub mod proxy;
+#[cfg(feature = "redis")]
 pub mod redis;

@@ -134,14 +134,15 @@ fn call(
     async move {
         let algorithm = group[0].quota.algorithm();
         let keys: Vec<String> = group.iter().map(|j| j.key.clone()).collect();
-        let mut args = Vec::with_capacity(group.len() * 5);
-        for job in &group {
-            script::push_args(&mut args, &job.quota, job.cost);
-        }
-        let header = script::header(now, Mode::Acquire);
+        let args = script::args(now, Mode::Acquire, group.iter().map(|j| (&j.quota, j.cost)));
         let reply = tokio::time::timeout(
             timeout,
-            conn.eval(script::script(algorithm), &keys, &header, &args),
+            conn.eval(
+                script::script(algorithm),
+                &keys,
+                &args.header,
+                &args.numbers,
+            ),
         )
         .await
         .unwrap_or(Err(StoreError::Timeout(timeout)));

@@ -1,18 +1,26 @@
--- Fixed window (see algorithm/fixed_window.rs). State: "window count", window = start / period.
--- Periods are whole microseconds (checked by the client), so the window index is exact.
--- Per request, ARGV: cost (units for a refund), limit, period in µs.
+-- Fixed window (see algorithm/fixed_window.rs). State: "window count" (hex), window = start
+-- divided by the period. Periods are whole microseconds (checked by the client), so the
+-- window index is exact.
+-- Quota block (2): limit, period in µs. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, window, count as read; zeros for a new key.
-local a = 4
+-- Expiry: the end of the window, set when a write starts a window.
+local F = blocks(2)
+local Limit, P = F[1], F[2]
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost, limit, p = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  a = a + 3
+  local j, cost = request(i, 2)
+  local limit, p = Limit[j], P[j]
   local status, sw, sc = 0, 0, 0
-  local v = redis.pcall('GET', key)
-  if v then
-    local s1, s2
-    if type(v) == 'string' then s1, s2 = string.match(v, '^(%d+) (%d+)$') end
-    if s1 then sw, sc = tonumber(s1), tonumber(s2) else status = -1 end
+  local ok, v = get(key)
+  if not ok then
+    status = -1
+  elseif v then
+    local sp = string.find(v, ' ', 1, true)
+    sw = nil
+    if sp then
+      sw, sc = tonumber(string.sub(v, 1, sp - 1), 16), tonumber(string.sub(v, sp + 1), 16)
+    end
+    if not (sw and sc) then status, sw, sc = -1, 0, 0 end
   end
   if status == 0 then
     local w = div(now_u, p)
@@ -21,7 +29,7 @@ for i = 1, #KEYS do
       if sw >= w and sc > 0 then
         local c = sc - cost
         if c < 0 then c = 0 end
-        redis.call('SET', key, string.format('%d %d', sw, c), 'PX', ttl((sw + 1) * p - now_u))
+        rcall('SET', key, string.format('%x %x', sw, c), 'KEEPTTL')
       end
     else
       -- A lagging `now` stays in the state's window.
@@ -31,7 +39,12 @@ for i = 1, #KEYS do
       if count + cost <= limit then
         status = 1
         if cost > 0 then
-          redis.call('SET', key, string.format('%d %d', w, count + cost), 'PX', ttl((w + 1) * p - now_u))
+          local value = string.format('%x %x', w, count + cost)
+          if v and w == sw then
+            rcall('SET', key, value, 'KEEPTTL')
+          else
+            rcall('SET', key, value, 'PX', ttl_until((w + 1) * p))
+          end
         end
       end
     end

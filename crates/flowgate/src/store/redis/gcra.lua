@@ -1,38 +1,56 @@
--- GCRA (see algorithm/gcra.rs). State: the theoretical arrival time `tat`, in decimal ns.
--- Per request, ARGV: cost, cost·T (u, r), τ (u, r). For a refund, cost·T is units·T.
+-- GCRA (see algorithm/gcra.rs). State: the theoretical arrival time `tat`.
+-- Quota block (4): T (u, r), τ (u, r). Per request: quota index, cost (units for a refund).
 -- Reply per request: status, the tat read (u, r); (0, 0) for a key never seen.
-local a = 4
+-- Expiry bucket width: τ. The key must live until tat.
+local F = blocks(4)
+local Tu, Tr, Tau_u, Tau_r = F[1], F[2], F[3], F[4]
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost = tonumber(ARGV[a])
-  local cu, cr = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local tu, tr = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  a = a + 5
+  local j, cost = request(i, 4)
+  -- cost·T, exact: cost ≤ burst ≤ 2^43 keeps cost·r below 2^53.
+  local ci = cost * Tr[j]
+  local carry = div(ci, 1000)
+  local cu, cr = cost * Tu[j] + carry, ci - 1000 * carry
+  local tu, tr = Tau_u[j], Tau_r[j]
+  local w = tu + 1
   local status, su, sr = 0, 0, 0
-  local v = redis.pcall('GET', key)
-  if v then
-    local s1, s2
-    if type(v) == 'string' then s1, s2 = string.match(v, '^(%d+)(%d%d%d)$') end
-    if s1 then su, sr = tonumber(s1), tonumber(s2) else status = -1 end
+  local ok, v = get(key)
+  if not ok then
+    status = -1
+  elseif v then
+    su, sr = pair(v)
+    if not su or not sr then status, su, sr = -1, 0, 0 end
   end
   if status == 0 then
+    local nu, nr
     if refund then
       status = 1
-      if less(now_u, now_r, su, sr) then
-        local nu, nr = since(su, sr, cu, cr)
-        if less(nu, nr, now_u, now_r) then nu, nr = now_u, now_r end
-        redis.call('SET', key, string.format('%d%03d', nu, nr), 'PX', ttl(nu - now_u))
+      -- tat = max(tat − units·T, now), only when tat is ahead of now.
+      if now_u < su or (now_u == su and now_r < sr) then
+        nu, nr = su - cu, sr - cr
+        if nr < 0 then nu, nr = nu - 1, nr + 1000 end
+        if nu < now_u or (nu == now_u and nr < now_r) then nu, nr = now_u, now_r end
       end
     else
-      local bu, br = su, sr
-      if less(bu, br, now_u, now_r) then bu, br = now_u, now_r end
-      local nu, nr = add(bu, br, cu, cr)
-      local lu, lr = add(now_u, now_r, tu, tr)
-      if not less(lu, lr, nu, nr) then
+      -- Granted if max(tat, now) + cost·T ≤ now + τ; the new tat is the left side.
+      if su < now_u or (su == now_u and sr < now_r) then nu, nr = now_u, now_r else nu, nr = su, sr end
+      nu, nr = nu + cu, nr + cr
+      if nr >= 1000 then nu, nr = nu + 1, nr - 1000 end
+      local lu, lr = now_u + tu, now_r + tr
+      if lr >= 1000 then lu, lr = lu + 1, lr - 1000 end
+      if nu < lu or (nu == lu and nr <= lr) then
         status = 1
-        if cost > 0 then
-          redis.call('SET', key, string.format('%d%03d', nu, nr), 'PX', ttl(nu - now_u))
-        end
+        if cost == 0 then nu = nil end
+      else
+        nu = nil
+      end
+    end
+    if nu then
+      local b = div(nu, w)
+      if v and not refund and b == div(su, w) then
+        rcall('SET', key, fmt(nu, nr), 'KEEPTTL')
+      else
+        rcall('SET', key, fmt(nu, nr), 'PX', ttl_until((b + 2) * w))
       end
     end
   end

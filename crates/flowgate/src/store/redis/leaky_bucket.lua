@@ -1,48 +1,71 @@
--- Leaky bucket (see algorithm/leaky_bucket.rs). State: "level updated", both decimal ns.
--- Per request, ARGV: cost, cost·T (u, r), τ (u, r). For a refund, cost·T is units·T.
+-- Leaky bucket (see algorithm/leaky_bucket.rs). State: level and last update, both pairs.
+-- Quota block (4): T (u, r), τ (u, r). Per request: quota index, cost (units for a refund).
 -- Reply per request: status, level (u, r), updated (u, r) as read; zeros for a new key.
-local a = 4
+-- Expiry bucket width: τ. The key must live until updated + level.
+local F = blocks(4)
+local Tu, Tr, Tau_u, Tau_r = F[1], F[2], F[3], F[4]
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost = tonumber(ARGV[a])
-  local cu, cr = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local tu, tr = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  a = a + 5
+  local j, cost = request(i, 4)
+  local ci = cost * Tr[j]
+  local carry = div(ci, 1000)
+  local cu, cr = cost * Tu[j] + carry, ci - 1000 * carry
+  local tu, tr = Tau_u[j], Tau_r[j]
+  local w = tu + 1
   local status, lu, lr, uu, ur = 0, 0, 0, 0, 0
-  local v = redis.pcall('GET', key)
-  if v then
-    local s1, s2, s3, s4
-    if type(v) == 'string' then
-      s1, s2, s3, s4 = string.match(v, '^(%d+)(%d%d%d) (%d+)(%d%d%d)$')
+  local ok, v = get(key)
+  if not ok then
+    status = -1
+  elseif v then
+    local sp = string.find(v, ' ', 1, true)
+    lu = nil
+    if sp then
+      lu, lr = pair(string.sub(v, 1, sp - 1))
+      uu, ur = pair(string.sub(v, sp + 1))
     end
-    if s1 then
-      lu, lr, uu, ur = tonumber(s1), tonumber(s2), tonumber(s3), tonumber(s4)
-    else
-      status = -1
-    end
+    if not (lu and lr and uu and ur) then status, lu, lr, uu, ur = -1, 0, 0, 0, 0 end
   end
   if status == 0 then
-    -- The level drained until now, and the new update time max(updated, now).
-    local eu, er = since(now_u, now_r, uu, ur)
-    local du, dr = since(lu, lr, eu, er)
+    -- Drained level: level − (now − updated), neither below zero.
+    local eu, er = 0, 0
+    if uu < now_u or (uu == now_u and ur < now_r) then
+      eu, er = now_u - uu, now_r - ur
+      if er < 0 then eu, er = eu - 1, er + 1000 end
+    end
+    local du, dr = lu - eu, lr - er
+    if dr < 0 then du, dr = du - 1, dr + 1000 end
+    if du < 0 then du, dr = 0, 0 end
+    -- The new update time: max(updated, now).
     local mu, mr = uu, ur
-    if less(mu, mr, now_u, now_r) then mu, mr = now_u, now_r end
+    if mu < now_u or (mu == now_u and mr < now_r) then mu, mr = now_u, now_r end
     local fu, fr
     if refund then
+      -- Like the memory store, a refund leaves a key it does not know alone.
       status = 1
-      fu, fr = since(du, dr, cu, cr)
+      if not v then cost = 0 end
+      fu, fr = du - cu, dr - cr
+      if fr < 0 then fu, fr = fu - 1, fr + 1000 end
+      if fu < 0 then fu, fr = 0, 0 end
+      if not v then fu = nil end
     else
-      fu, fr = add(du, dr, cu, cr)
-      if less(tu, tr, fu, fr) then
-        fu = nil -- over capacity: denied, nothing changes
-      else
+      fu, fr = du + cu, dr + cr
+      if fr >= 1000 then fu, fr = fu + 1, fr - 1000 end
+      if fu < tu or (fu == tu and fr <= tr) then
         status = 1
         if cost == 0 then fu = nil end
+      else
+        fu = nil
       end
     end
     if fu then
-      local iu = add(mu, mr, fu, fr)
-      redis.call('SET', key, string.format('%d%03d %d%03d', fu, fr, mu, mr), 'PX', ttl(iu - now_u))
+      local value = fmt(fu, fr) .. ' ' .. fmt(mu, mr)
+      local ir = mr + fr
+      local b = div(mu + fu + floor(ir / 1000), w)
+      if v and not refund and b == div(uu + lu + floor((ur + lr) / 1000), w) then
+        rcall('SET', key, value, 'KEEPTTL')
+      else
+        rcall('SET', key, value, 'PX', ttl_until((b + 2) * w))
+      end
     end
   end
   out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = status, lu, lr, uu, ur

@@ -322,14 +322,12 @@ impl Store for RedisStore {
         async move {
             check_quota(&quota).map_err(|e| StoreError::Backend(e.to_string()))?;
             let now = self.inner.clock.as_ref().map(|c| c.now());
-            let mut args = Vec::with_capacity(5);
-            script::push_args(&mut args, &quota, units);
-            let header = script::header(now, Mode::Refund);
+            let args = script::args(now, Mode::Refund, std::iter::once((&quota, units)));
             let call = self.inner.conn.eval(
                 script::script(quota.algorithm()),
                 std::slice::from_ref(&key),
-                &header,
-                &args,
+                &args.header,
+                &args.numbers,
             );
             let reply = tokio::time::timeout(self.inner.timeout, call)
                 .await

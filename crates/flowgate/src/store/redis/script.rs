@@ -15,12 +15,11 @@ use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 use crate::store::StoreError;
 
-/// Spans are capped at this many nanoseconds when sent: `units × T` for a refund may be
-/// anything, and anything beyond the quota's span has the same effect as the span itself.
-const SPAN_CAP: Nanos = 1 << 62;
-
 /// Largest count the scripts keep exactly (Lua numbers are doubles).
 const MAX_EXACT: u64 = 1 << 53;
+
+/// Largest burst for the bucket algorithms: keeps `cost × (T mod 1 µs)` below 2^53.
+const MAX_BUCKET_BURST: u64 = 1 << 43;
 
 /// One algorithm's script: its source and SHA-1.
 #[derive(Debug)]
@@ -93,13 +92,22 @@ pub enum UnsupportedQuota {
         /// The limit asked for.
         limit: u64,
     },
+    /// Bucket algorithms support bursts up to 2^43 (8.8 trillion) units.
+    #[error("the Redis store supports bursts up to 2^43 for {algorithm}, got {burst}")]
+    BurstTooLarge {
+        /// The algorithm.
+        algorithm: Algorithm,
+        /// The burst asked for.
+        burst: u64,
+    },
 }
 
 /// Checks that the Redis store decides `quota` exactly as the reference does.
 ///
-/// Every quota of the bucket algorithms is supported. Window algorithms
-/// (`fixed_window`, `sliding_window`) need a period of whole microseconds; counting algorithms
-/// (`fixed_window`, `sliding_log`) a limit of at most 2^53.
+/// Bucket algorithms (`gcra`, `leaky_bucket`) need a burst of at most 2^43; window algorithms
+/// (`fixed_window`, `sliding_window`) a period of whole microseconds; counting algorithms
+/// (`fixed_window`, `sliding_log`) a limit of at most 2^53. Everything else is supported, from
+/// nanosecond intervals to periods of decades.
 pub fn check_quota(quota: &Quota) -> Result<(), UnsupportedQuota> {
     let algorithm = quota.algorithm();
     if matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
@@ -108,6 +116,12 @@ pub fn check_quota(quota: &Quota) -> Result<(), UnsupportedQuota> {
         return Err(UnsupportedQuota::PeriodNotWholeMicros {
             algorithm,
             period_nanos: quota.period_nanos(),
+        });
+    }
+    if algorithm.has_burst() && quota.burst() > MAX_BUCKET_BURST {
+        return Err(UnsupportedQuota::BurstTooLarge {
+            algorithm,
+            burst: quota.burst(),
         });
     }
     if matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingLog)
@@ -136,39 +150,77 @@ fn push_pair(args: &mut Vec<u64>, nanos: Nanos) {
     args.push(nanos % 1000);
 }
 
-/// The ARGV header: now (or empty for the server's TIME) and the mode.
-pub(super) fn header(now: Option<Nanos>, mode: Mode) -> [String; 3] {
+/// A script call's ARGV: the header as strings (some may be empty), then numbers.
+#[derive(Debug)]
+pub(super) struct Args {
+    /// now (µs, ns) or empty for the server's TIME, mode, number of quotas, uniform cost or
+    /// empty.
+    pub(super) header: [String; 5],
+    /// Quota blocks, then (quota index, cost) per request unless the cost is uniform.
+    pub(super) numbers: Vec<u64>,
+}
+
+/// The ARGV for requests of one algorithm (see the scripts' headers).
+pub(super) fn args<'a>(
+    now: Option<Nanos>,
+    mode: Mode,
+    requests: impl Iterator<Item = (&'a Quota, u64)>,
+) -> Args {
+    let mut quotas: Vec<&Quota> = Vec::new();
+    let mut per_request = Vec::new();
+    for (quota, cost) in requests {
+        let index = match quotas.iter().position(|q| *q == quota) {
+            Some(i) => i,
+            None => {
+                quotas.push(quota);
+                quotas.len() - 1
+            }
+        };
+        per_request.push(index as u64 + 1);
+        // Units beyond the burst change nothing (refunds); keeping them below it keeps the
+        // scripts' products exact.
+        per_request.push(cost.min(quota.burst()));
+    }
+    let uniform = (quotas.len() == 1)
+        .then(|| per_request.get(1).copied())
+        .flatten()
+        .filter(|&first| per_request.chunks(2).all(|r| r[1] == first));
+    let mut numbers = Vec::with_capacity(quotas.len() * 4 + per_request.len());
+    for quota in &quotas {
+        match quota.algorithm() {
+            Algorithm::Gcra | Algorithm::LeakyBucket => {
+                push_pair(&mut numbers, quota.interval_nanos());
+                push_pair(&mut numbers, quota.tolerance_nanos());
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                numbers.push(quota.limit());
+                numbers.push(quota.period_nanos() / 1000);
+            }
+            Algorithm::SlidingLog => {
+                numbers.push(quota.limit());
+                push_pair(&mut numbers, quota.period_nanos());
+            }
+        }
+    }
+    if uniform.is_none() {
+        numbers.extend(per_request);
+    }
+    let (now_u, now_r) = now.map_or((String::new(), String::new()), |now| {
+        ((now / 1000).to_string(), (now % 1000).to_string())
+    });
     let mode = match mode {
         Mode::Acquire => "0",
         Mode::Refund => "1",
     };
-    match now {
-        Some(now) => [
-            (now / 1000).to_string(),
-            (now % 1000).to_string(),
+    Args {
+        header: [
+            now_u,
+            now_r,
             mode.to_owned(),
+            quotas.len().to_string(),
+            uniform.map_or(String::new(), |c| c.to_string()),
         ],
-        None => [String::new(), String::new(), mode.to_owned()],
-    }
-}
-
-/// Appends one request's ARGV (see each script's header comment).
-pub(super) fn push_args(args: &mut Vec<u64>, quota: &Quota, cost: u64) {
-    args.push(cost);
-    match quota.algorithm() {
-        Algorithm::Gcra | Algorithm::LeakyBucket => {
-            let span = cost.saturating_mul(quota.interval_nanos()).min(SPAN_CAP);
-            push_pair(args, span);
-            push_pair(args, quota.tolerance_nanos());
-        }
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-            args.push(quota.limit());
-            args.push(quota.period_nanos() / 1000);
-        }
-        Algorithm::SlidingLog => {
-            args.push(quota.limit());
-            push_pair(args, quota.period_nanos());
-        }
+        numbers,
     }
 }
 

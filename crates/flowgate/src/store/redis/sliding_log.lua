@@ -1,24 +1,26 @@
--- Sliding log (see algorithm/sliding_log.rs). State: a list of grant time stamps in decimal ns,
+-- Sliding log (see algorithm/sliding_log.rs). State: a list of grant time stamps (pairs),
 -- oldest first, one element per unit granted (a grant of cost c is c equal elements), so the
 -- list never holds more than `limit` elements and the units held are its length.
--- Per request, ARGV: cost (units for a refund), limit, period (u, r).
+-- Quota block (3): limit, period (u, r). Per request: quota index, cost (units for a refund).
 -- Reply per request: status, units held after the call, the newest stamp (u, r) or (-1, 0)
 -- when the log is empty, and when denied the stamp whose expiry makes room (u, r).
-local a = 4
+-- Expiry bucket width: the period. The key must live until the newest stamp + period.
+local F = blocks(3)
+local Limit, Pu, Pr = F[1], F[2], F[3]
 local chunk = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost, limit = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local pu, pr = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  a = a + 4
+  local j, cost = request(i, 3)
+  local limit, pu, pr = Limit[j], Pu[j], Pr[j]
+  local w = pu + 1
   local status, held, lu, lr, ru, rr = 0, 0, -1, 0, 0, 0
-  local len = redis.pcall('LLEN', key)
-  if type(len) ~= 'number' then
+  local ok, len = pcall(rcall, 'LLEN', key)
+  if not ok then
     status = -1
   elseif refund then
     status = 1
     if len > 0 then
-      redis.call('LTRIM', key, 0, -cost - 1)
+      rcall('LTRIM', key, 0, -cost - 1)
       held = len - cost
       if held < 0 then held = 0 end
     end
@@ -27,19 +29,22 @@ for i = 1, #KEYS do
     -- A lagging `now` counts as the newest grant's time: nothing expires early.
     local su, sr = now_u, now_r
     if len > 0 then
-      local s1, s2 = string.match(redis.call('LINDEX', key, -1), '^(%d+)(%d%d%d)$')
-      if not s1 then status = -1 else
-        lu, lr = tonumber(s1), tonumber(s2)
-        if less(su, sr, lu, lr) then su, sr = lu, lr end
+      lu, lr = pair(rcall('LINDEX', key, -1))
+      if not (lu and lr) then
+        status, lu, lr = -1, -1, 0
+      elseif su < lu or (su == lu and sr < lr) then
+        su, sr = lu, lr
       end
     end
+    local last = lu
     -- Forget grants that left the window: t + period ≤ stamp.
     while status == 0 and held > 0 do
-      local s1, s2 = string.match(redis.call('LINDEX', key, 0), '^(%d+)(%d%d%d)$')
-      if not s1 then status = -1 break end
-      local eu, er = add(tonumber(s1), tonumber(s2), pu, pr)
-      if less(su, sr, eu, er) then break end
-      redis.call('LPOP', key)
+      local tu, tr = pair(rcall('LINDEX', key, 0))
+      if not (tu and tr) then status = -1 break end
+      tu, tr = tu + pu, tr + pr
+      if tr >= 1000 then tu, tr = tu + 1, tr - 1000 end
+      if su < tu or (su == tu and sr < tr) then break end
+      rcall('LPOP', key)
       held = held - 1
     end
     if held == 0 then lu, lr = -1, 0 end
@@ -47,23 +52,26 @@ for i = 1, #KEYS do
       if held + cost <= limit then
         status = 1
         if cost > 0 then
-          local stamp = string.format('%d%03d', su, sr)
+          local stamp = fmt(su, sr)
           local left = cost
           while left > 0 do
             local k = math.min(left, 1000)
             for j = 1, k do chunk[j] = stamp end
             for j = k + 1, #chunk do chunk[j] = nil end
-            redis.call('RPUSH', key, unpack(chunk))
+            rcall('RPUSH', key, unpack(chunk))
             left = left - k
           end
           held = held + cost
           lu, lr = su, sr
-          redis.call('PEXPIRE', key, ttl(add(lu, lr, pu, pr) - now_u))
+          local b = div(su, w)
+          if held == cost or last < 0 or b ~= div(last, w) then
+            rcall('PEXPIRE', key, ttl_until((b + 2) * w))
+          end
         end
       else
         -- The grant whose expiry frees enough: the (held + cost − limit)-th oldest unit.
-        local s1, s2 = string.match(redis.call('LINDEX', key, held + cost - limit - 1), '^(%d+)(%d%d%d)$')
-        if s1 then ru, rr = tonumber(s1), tonumber(s2) else status = -1 end
+        ru, rr = pair(rcall('LINDEX', key, held + cost - limit - 1))
+        if not (ru and rr) then status, ru, rr = -1, 0, 0 end
       end
     end
   end

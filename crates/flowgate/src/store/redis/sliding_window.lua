@@ -1,6 +1,6 @@
--- Sliding-window counter (see algorithm/sliding_window.rs). State: "window current previous".
--- Periods are whole microseconds (checked by the client), so the window index is exact.
--- Per request, ARGV: cost (units for a refund), limit, period in µs.
+-- Sliding-window counter (see algorithm/sliding_window.rs). State: "window current previous"
+-- (hex). Periods are whole microseconds (checked by the client), so the window index is exact.
+-- Quota block (2): limit, period in µs. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, window, current, previous as read; zeros for a new key.
 
 -- a·(u·1000 + r) as four base-2^24 limbs, most significant first. Exact for a < 2^32,
@@ -38,24 +38,31 @@ local function mul_le(a, xu, xr, b, yu, yr)
   return a0 <= b0
 end
 
-local a = 4
+local F = blocks(2)
+local Limit, P = F[1], F[2]
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost, limit, p = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  a = a + 3
+  local j, cost = request(i, 2)
+  local limit, p = Limit[j], P[j]
   local status, sw, sc, sp = 0, 0, 0, 0
-  local v = redis.pcall('GET', key)
-  if v then
-    local s1, s2, s3
-    if type(v) == 'string' then s1, s2, s3 = string.match(v, '^(%d+) (%d+) (%d+)$') end
-    if s1 then sw, sc, sp = tonumber(s1), tonumber(s2), tonumber(s3) else status = -1 end
+  local ok, v = get(key)
+  if not ok then
+    status = -1
+  elseif v then
+    local s1, s2, s3 = string.match(v, '^(%x+) (%x+) (%x+)$')
+    if s1 then
+      sw, sc, sp = tonumber(s1, 16), tonumber(s2, 16), tonumber(s3, 16)
+    else
+      status = -1
+    end
   end
   if status == 0 then
     -- Roll the state forward to now's window; e = (eu, er) is how far into it now is.
     local nw = div(now_u, p)
     local w, cur, prev, eu, er = sw, sc, sp, 0, 0
     if nw <= sw then
-      eu, er = since(now_u, now_r, sw * p, 0)
+      local su = sw * p
+      if su < now_u then eu, er = now_u - su, now_r elseif su == now_u then er = now_r end
     else
       w, cur, prev = nw, 0, 0
       if nw == sw + 1 then prev = sc end
@@ -63,7 +70,8 @@ for i = 1, #KEYS do
     end
     local write = false
     if refund then
-      status, write = 1, true
+      -- Like the memory store, a refund leaves a key it does not know alone.
+      status, write = 1, v and true or false
       if w == sw then
         cur = cur - cost
         if cur < 0 then cur = 0 end
@@ -75,7 +83,8 @@ for i = 1, #KEYS do
       -- Granted if prev·(p − e) + (cur + cost)·p ≤ limit·p, i.e. prev·(p − e) ≤ room·p.
       local room = limit - cur - cost
       if room >= 0 then
-        local du, dr = sub(p, 0, eu, er)
+        local du, dr = p - eu, -er
+        if dr < 0 then du, dr = du - 1, dr + 1000 end
         if prev == 0 or mul_le(prev, du, dr, room, p, 0) then
           status = 1
           cur = cur + cost
@@ -84,9 +93,15 @@ for i = 1, #KEYS do
       end
     end
     if write then
-      local idle = 0
-      if cur > 0 then idle = (w + 2) * p elseif prev > 0 then idle = (w + 1) * p end
-      redis.call('SET', key, string.format('%d %d %d', w, cur, prev), 'PX', ttl(idle - now_u))
+      local value = string.format('%x %x %x', w, cur, prev)
+      -- The key lives until (w + 2)·p while the current window has units, (w + 1)·p after.
+      if v and w == sw and sc > 0 and not refund then
+        rcall('SET', key, value, 'KEEPTTL')
+      else
+        local idle = 0
+        if cur > 0 then idle = (w + 2) * p elseif prev > 0 then idle = (w + 1) * p end
+        rcall('SET', key, value, 'PX', ttl_until(idle))
+      end
     end
   end
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = status, sw, sc, sp
