@@ -293,8 +293,13 @@ fn main() {
         let a = run(&server, per_call, secs, None).await;
         report("(a) redis_rate-style GCRA, EVALSHA per call", &a, None);
 
+        let in_flight: usize = std::env::var("FLOWGATE_BENCH_IN_FLIGHT")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2);
         let store = RedisStore::builder(server.url())
             .timeout(Duration::from_secs(5))
+            .max_in_flight(in_flight)
             .connect()
             .await
             .unwrap();

@@ -200,6 +200,9 @@ impl RedisCluster {
                     "1000",
                     "--cluster-config-file",
                     "nodes.conf",
+                    // Replicas sync at once (Redis 7 waits 5 s for more replicas by default).
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ],
             )?;
             nodes.push(node);
@@ -226,14 +229,18 @@ impl RedisCluster {
         Some(cluster)
     }
 
-    /// Waits until every live node reports `cluster_state:ok` and agrees on the slots.
+    /// Waits until every live node reports `cluster_state:ok` and agrees on the slots, and
+    /// every replica is in sync with its master.
     pub fn wait_ok(&self, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                let replication = n.cli(&["info", "replication"]);
                 n.cli(&["cluster", "info"]).contains("cluster_state:ok")
                     && n.cli(&["--cluster", "check", &format!("127.0.0.1:{}", n.port)])
                         .contains("[OK] All 16384 slots covered")
+                    && (replication.contains("role:master")
+                        || replication.contains("master_link_status:up"))
             });
             if ok {
                 return;
@@ -253,12 +260,17 @@ impl RedisCluster {
 
     /// The node currently serving `key` as master (by asking `CLUSTER NODES`).
     pub fn master_of(&self, key: &str) -> usize {
-        let slot: u16 = self.nodes[0]
+        let live = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a live node");
+        let slot: u16 = live
             .cli(&["cluster", "keyslot", key])
             .trim()
             .parse()
             .expect("keyslot");
-        let listing = self.nodes[0].cli(&["cluster", "nodes"]);
+        let listing = live.cli(&["cluster", "nodes"]);
         for line in listing.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
