@@ -16,9 +16,20 @@ use flowgate::store::{FallbackStore, RedisStore, Store};
 use flowgate::{FailMode, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
-/// Slack for the scheduler on a busy 2-core machine on top of the 5 ms the issue allows; the
-/// typical overshoot is well under a millisecond (printed below).
-const SLACK: Duration = Duration::from_millis(5);
+
+/// How much later than the timeout a call may return: 5 ms, or `FLOWGATE_FAULT_SLACK_MS` on a
+/// machine too loaded to schedule timers that precisely. The slowest call is printed.
+fn slack() -> Duration {
+    Duration::from_millis(
+        std::env::var("FLOWGATE_FAULT_SLACK_MS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5),
+    )
+}
+
+/// The tests here measure time; run them one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn fallback_store(url: String, mode: FailMode) -> Arc<FallbackStore<RedisStore>> {
     let redis = RedisStore::builder(url)
@@ -83,6 +94,7 @@ fn load(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_load_falls_back_within_the_timeout_and_recovers() {
+    let _serial = SERIAL.lock().await;
     let Some(mut server) = RedisServer::start("sigkill_mid_load") else {
         return;
     };
@@ -105,7 +117,11 @@ async fn sigkill_mid_load_falls_back_within_the_timeout_and_recovers() {
     let slowest = calls.iter().map(|c| c.took).max().unwrap();
     println!("{} calls, slowest {slowest:?}", calls.len());
     for c in &calls {
-        assert!(c.took <= TIMEOUT + SLACK, "a call took {:?}: {c:?}", c.took);
+        assert!(
+            c.took <= TIMEOUT + slack(),
+            "a call took {:?}: {c:?}",
+            c.took
+        );
         // Closed: every fallback denies; every real answer allows (the quota is huge).
         match c.fallback {
             Some(mode) => assert!(mode == FailMode::Closed && !c.allowed, "{c:?}"),
@@ -142,6 +158,7 @@ async fn sigkill_mid_load_falls_back_within_the_timeout_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_or_black_holed_network_opens_the_breaker_and_recovery_closes_it() {
+    let _serial = SERIAL.lock().await;
     let Some(server) = RedisServer::start("breaker_via_proxy") else {
         return;
     };
@@ -164,7 +181,7 @@ async fn a_slow_or_black_holed_network_opens_the_breaker_and_recovery_closes_it(
             let d = store.acquire("k", &quota, 1).await.unwrap();
             assert_eq!(d.fallback, Some(FailMode::Open), "{phase}");
             assert!(
-                t.elapsed() >= TIMEOUT && t.elapsed() <= TIMEOUT + SLACK,
+                t.elapsed() >= TIMEOUT && t.elapsed() <= TIMEOUT + slack(),
                 "{phase}: {:?}",
                 t.elapsed()
             );
