@@ -76,7 +76,17 @@ impl Server {
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new("redis-server")
+        // FLOWGATE_BENCH_REDIS_CPU=N pins the server to CPU N (with `taskset`), so that it does
+        // not compete with the client for a core (run the bench itself under `taskset -c M`).
+        let mut command = match std::env::var("FLOWGATE_BENCH_REDIS_CPU") {
+            Ok(cpu) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", &cpu, "redis-server"]);
+                c
+            }
+            Err(_) => Command::new("redis-server"),
+        };
+        let child = command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
@@ -148,12 +158,33 @@ type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send
 /// One caller's work: a decision for a random key; returns whether it was allowed.
 type Decide = Arc<dyn Fn(u64) -> BoxFuture<bool> + Send + Sync>;
 
+/// This process's CPU time (user + system) so far, from `/proc/self/stat` (Linux; zero
+/// elsewhere).
+fn own_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map_or(vec![], |(_, rest)| rest.split(' ').collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime, in clock ticks of 10 ms.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
 struct Outcome {
     decisions: u64,
     per_sec: f64,
     p50: Duration,
     p99: Duration,
     redis_cpu_per_decision: Duration,
+    /// This process's (the client's) CPU per decision.
+    client_cpu_per_decision: Duration,
     /// Decisions per `EVALSHA` call.
     per_call: f64,
     /// Redis's time executing `EVALSHA` per decision (`INFO commandstats`).
@@ -165,6 +196,7 @@ struct Outcome {
 async fn run(server: &Server, decide: Decide, secs: f64, pace: Option<f64>) -> Outcome {
     let cpu0 = server.cpu();
     let (calls0, usec0) = server.evalsha();
+    let own0 = own_cpu();
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
@@ -204,6 +236,7 @@ async fn run(server: &Server, decide: Decide, secs: f64, pace: Option<f64>) -> O
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = server.cpu() - cpu0;
     let (calls1, usec1) = server.evalsha();
+    let own = own_cpu() - own0;
     all.sort_unstable();
     let at = |q: f64| Duration::from_nanos(all[((all.len() - 1) as f64 * q) as usize]);
     Outcome {
@@ -212,6 +245,7 @@ async fn run(server: &Server, decide: Decide, secs: f64, pace: Option<f64>) -> O
         p50: at(0.50),
         p99: at(0.99),
         redis_cpu_per_decision: Duration::from_secs_f64(cpu / all.len() as f64),
+        client_cpu_per_decision: own / all.len() as u32,
         per_call: all.len() as f64 / (calls1 - calls0).max(1.0),
         script_per_decision: Duration::from_secs_f64((usec1 - usec0) / 1e6 / all.len() as f64),
     }
@@ -220,12 +254,13 @@ async fn run(server: &Server, decide: Decide, secs: f64, pace: Option<f64>) -> O
 fn report(name: &str, o: &Outcome, baseline: Option<f64>) {
     let ratio = baseline.map_or(String::new(), |b| format!("{:>6.2}×", o.per_sec / b));
     println!(
-        "{name:<44} {:>8.0}/s {ratio:>7} p50 {:>7.1?} p99 {:>7.1?} | Redis CPU {:>5.2} µs/decision, script {:>5.2} µs/decision, {:>5.1} decisions/EVALSHA ({} decisions)",
+        "{name:<52} {:>8.0}/s {ratio:>7} p50 {:>7.1?} p99 {:>7.1?} | CPU per decision: Redis {:>5.2} µs (script {:>5.2}), client {:>5.2} µs | {:>5.1} decisions/EVALSHA ({} decisions)",
         o.per_sec,
         o.p50,
         o.p99,
         o.redis_cpu_per_decision.as_secs_f64() * 1e6,
         o.script_per_decision.as_secs_f64() * 1e6,
+        o.client_cpu_per_decision.as_secs_f64() * 1e6,
         o.per_call,
         o.decisions
     );
@@ -288,11 +323,6 @@ fn main() {
                 reply.0 > 0
             })
         });
-        // Warm up connections, scripts and keys.
-        run(&server, per_call.clone(), 1.0, None).await;
-        let a = run(&server, per_call, secs, None).await;
-        report("(a) redis_rate-style GCRA, EVALSHA per call", &a, None);
-
         let in_flight: usize = std::env::var("FLOWGATE_BENCH_IN_FLIGHT")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -303,7 +333,10 @@ fn main() {
             .connect()
             .await
             .unwrap();
-        let mut max_b = 0.0;
+        let mut scenarios: Vec<(String, Decide)> = vec![(
+            "(a) redis_rate-style GCRA, EVALSHA per call".to_owned(),
+            per_call,
+        )];
         for algorithm in Algorithm::ALL {
             let quota = Quota::per_second(1000)
                 .unwrap()
@@ -320,23 +353,63 @@ fn main() {
                         .allowed
                 })
             });
-            run(&server, decide.clone(), 1.0, None).await;
-            let o = run(&server, decide.clone(), secs, None).await;
             let label = match algorithm {
-                Algorithm::Gcra => "(b) RedisStore gcra (batched)".to_owned(),
-                a => format!("(c) RedisStore {a} (batched)"),
+                Algorithm::Gcra => "(b) RedisStore gcra, batched".to_owned(),
+                a => format!("(c) RedisStore {a}, batched"),
             };
-            report(&label, &o, Some(a.per_sec));
-            if algorithm == Algorithm::Gcra {
-                max_b = o.per_sec;
-                let half = run(&server, decide, secs, Some(max_b / 2.0)).await;
-                report(
-                    &format!("(b) gcra paced at half max ({:.0}/s)", max_b / 2.0),
-                    &half,
-                    Some(a.per_sec),
-                );
+            scenarios.push((label, decide));
+        }
+        // Warm up connections, scripts and keys.
+        for (_, decide) in &scenarios {
+            run(&server, decide.clone(), 1.0, None).await;
+        }
+        // Rounds of every scenario back to back, so that the machine's noise hits all alike;
+        // each round's ratios are against that round's (a).
+        let rounds: usize = std::env::var("FLOWGATE_BENCH_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3);
+        let mut results: Vec<Vec<Outcome>> = scenarios.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            for (i, (name, decide)) in scenarios.iter().enumerate() {
+                let o = run(&server, decide.clone(), secs, None).await;
+                let baseline = (i > 0).then(|| results[0][round].per_sec);
+                report(&format!("round {round} {name}"), &o, baseline);
+                results[i].push(o);
             }
         }
-        let _ = max_b;
+        println!("\nmedians over {rounds} rounds:");
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        for (i, (name, _)) in scenarios.iter().enumerate() {
+            let r = &results[i];
+            let ratio = median(
+                r.iter()
+                    .zip(&results[0])
+                    .map(|(o, a)| o.per_sec / a.per_sec)
+                    .collect(),
+            );
+            println!(
+                "{name:<44} {:>8.0}/s {:>6.2}× p50 {:>7.1?} p99 {:>7.1?} | CPU per decision: Redis {:>5.2} µs (script {:>5.2}), client {:>5.2} µs | {:>5.1} decisions/EVALSHA",
+                median(r.iter().map(|o| o.per_sec).collect()),
+                ratio,
+                Duration::from_secs_f64(median(r.iter().map(|o| o.p50.as_secs_f64()).collect())),
+                Duration::from_secs_f64(median(r.iter().map(|o| o.p99.as_secs_f64()).collect())),
+                median(r.iter().map(|o| o.redis_cpu_per_decision.as_secs_f64() * 1e6).collect()),
+                median(r.iter().map(|o| o.script_per_decision.as_secs_f64() * 1e6).collect()),
+                median(r.iter().map(|o| o.client_cpu_per_decision.as_secs_f64() * 1e6).collect()),
+                median(r.iter().map(|o| o.per_call).collect()),
+            );
+        }
+        // Latency at half of (b)'s maximum, paced.
+        let max_b = median(results[1].iter().map(|o| o.per_sec).collect());
+        let half = run(&server, scenarios[1].1.clone(), secs, Some(max_b / 2.0)).await;
+        report(
+            &format!("(b) gcra paced at half its max ({:.0}/s)", max_b / 2.0),
+            &half,
+            None,
+        );
     });
 }
