@@ -1,18 +1,25 @@
 -- GCRA (see algorithm/gcra.rs). State: the theoretical arrival time `tat`.
--- Quota block (4): T (u, r), τ (u, r). Per request: quota index, cost (units for a refund).
+-- Quota block (5): T (u, r), τ (u, r), W. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, the tat read (u, r); (0, 0) for a key never seen.
--- Expiry bucket width: τ. The key must live until tat.
-local F = blocks(4)
-local Tu, Tr, Tau_u, Tau_r = F[1], F[2], F[3], F[4]
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local j, cost = request(i, 4)
-  -- cost·T, exact: cost ≤ burst ≤ 2^43 keeps cost·r below 2^53.
+-- Expiry bucket width: W, a power of two ≥ τ (µs), so tat / W is exact. The key must live
+-- until tat.
+local F = blocks(5)
+local Tu, Tr, Tau_u, Tau_r, W = F[1], F[2], F[3], F[4], F[5]
+-- cost·T, exact: cost ≤ burst ≤ 2^43 keeps cost·r below 2^53.
+local function times_t(j, cost)
   local ci = cost * Tr[j]
   local carry = div(ci, 1000)
-  local cu, cr = cost * Tu[j] + carry, ci - 1000 * carry
-  local tu, tr = Tau_u[j], Tau_r[j]
-  local w = tu + 1
+  return cost * Tu[j] + carry, ci - 1000 * carry
+end
+local j, cost, cu, cr = 1, uniform, 0, 0
+if uniform then cu, cr = times_t(1, uniform) end
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  if not uniform then
+    j, cost = request(i, 5)
+    cu, cr = times_t(j, cost)
+  end
+  local tu, tr, w = Tau_u[j], Tau_r[j], W[j]
   local status, su, sr = 0, 0, 0
   local ok, v = get(key)
   if not ok then
@@ -46,8 +53,8 @@ for i = 1, #KEYS do
       end
     end
     if nu then
-      local b = div(nu, w)
-      if v and not refund and b == div(su, w) then
+      local b = floor(nu / w)
+      if v and not refund and b == floor(su / w) then
         rcall('SET', key, fmt(nu, nr), 'KEEPTTL')
       else
         rcall('SET', key, fmt(nu, nr), 'PX', ttl_until((b + 2) * w))

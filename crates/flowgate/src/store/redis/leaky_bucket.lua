@@ -1,17 +1,23 @@
 -- Leaky bucket (see algorithm/leaky_bucket.rs). State: level and last update, both pairs.
--- Quota block (4): T (u, r), τ (u, r). Per request: quota index, cost (units for a refund).
+-- Quota block (5): T (u, r), τ (u, r), W. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, level (u, r), updated (u, r) as read; zeros for a new key.
--- Expiry bucket width: τ. The key must live until updated + level.
-local F = blocks(4)
-local Tu, Tr, Tau_u, Tau_r = F[1], F[2], F[3], F[4]
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local j, cost = request(i, 4)
+-- Expiry bucket width: W, a power of two ≥ τ (µs). The key must live until updated + level.
+local F = blocks(5)
+local Tu, Tr, Tau_u, Tau_r, W = F[1], F[2], F[3], F[4], F[5]
+local function times_t(j, cost)
   local ci = cost * Tr[j]
   local carry = div(ci, 1000)
-  local cu, cr = cost * Tu[j] + carry, ci - 1000 * carry
-  local tu, tr = Tau_u[j], Tau_r[j]
-  local w = tu + 1
+  return cost * Tu[j] + carry, ci - 1000 * carry
+end
+local j, cost, cu, cr = 1, uniform, 0, 0
+if uniform then cu, cr = times_t(1, uniform) end
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  if not uniform then
+    j, cost = request(i, 5)
+    cu, cr = times_t(j, cost)
+  end
+  local tu, tr, w = Tau_u[j], Tau_r[j], W[j]
   local status, lu, lr, uu, ur = 0, 0, 0, 0, 0
   local ok, v = get(key)
   if not ok then
@@ -60,8 +66,8 @@ for i = 1, #KEYS do
     if fu then
       local value = fmt(fu, fr) .. ' ' .. fmt(mu, mr)
       local ir = mr + fr
-      local b = div(mu + fu + floor(ir / 1000), w)
-      if v and not refund and b == div(uu + lu + floor((ur + lr) / 1000), w) then
+      local b = floor((mu + fu + floor(ir / 1000)) / w)
+      if v and not refund and b == floor((uu + lu + floor((ur + lr) / 1000)) / w) then
         rcall('SET', key, value, 'KEEPTTL')
       else
         rcall('SET', key, value, 'PX', ttl_until((b + 2) * w))

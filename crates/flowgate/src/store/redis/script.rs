@@ -150,6 +150,12 @@ fn push_pair(args: &mut Vec<u64>, nanos: Nanos) {
     args.push(nanos % 1000);
 }
 
+/// The width, in µs, of the buckets by which scripts decide when to refresh a key's expiry:
+/// the smallest power of two above `span` (so that dividing by it is exact in Lua).
+fn expiry_bucket(span: Nanos) -> u64 {
+    (span / 1000 + 1).next_power_of_two()
+}
+
 /// A script call's ARGV: the header as strings (some may be empty), then numbers.
 #[derive(Debug)]
 pub(super) struct Args {
@@ -191,6 +197,7 @@ pub(super) fn args<'a>(
             Algorithm::Gcra | Algorithm::LeakyBucket => {
                 push_pair(&mut numbers, quota.interval_nanos());
                 push_pair(&mut numbers, quota.tolerance_nanos());
+                numbers.push(expiry_bucket(quota.tolerance_nanos()));
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 numbers.push(quota.limit());
@@ -199,6 +206,7 @@ pub(super) fn args<'a>(
             Algorithm::SlidingLog => {
                 numbers.push(quota.limit());
                 push_pair(&mut numbers, quota.period_nanos());
+                numbers.push(expiry_bucket(quota.period_nanos()));
             }
         }
     }

@@ -1,18 +1,19 @@
 -- Sliding log (see algorithm/sliding_log.rs). State: a list of grant time stamps (pairs),
 -- oldest first, one element per unit granted (a grant of cost c is c equal elements), so the
 -- list never holds more than `limit` elements and the units held are its length.
--- Quota block (3): limit, period (u, r). Per request: quota index, cost (units for a refund).
+-- Quota block (4): limit, period (u, r), W. Per request: quota index, cost (units for a
+-- refund).
 -- Reply per request: status, units held after the call, the newest stamp (u, r) or (-1, 0)
 -- when the log is empty, and when denied the stamp whose expiry makes room (u, r).
--- Expiry bucket width: the period. The key must live until the newest stamp + period.
-local F = blocks(3)
-local Limit, Pu, Pr = F[1], F[2], F[3]
+-- Expiry bucket width: W, a power of two above the period (µs). The key must live until the
+-- newest stamp + period.
+local F = blocks(4)
+local Limit, Pu, Pr, W = F[1], F[2], F[3], F[4]
 local chunk = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local j, cost = request(i, 3)
-  local limit, pu, pr = Limit[j], Pu[j], Pr[j]
-  local w = pu + 1
+  local j, cost = request(i, 4)
+  local limit, pu, pr, w = Limit[j], Pu[j], Pr[j], W[j]
   local status, held, lu, lr, ru, rr = 0, 0, -1, 0, 0, 0
   local ok, len = pcall(rcall, 'LLEN', key)
   if not ok then
@@ -63,8 +64,8 @@ for i = 1, #KEYS do
           end
           held = held + cost
           lu, lr = su, sr
-          local b = div(su, w)
-          if held == cost or last < 0 or b ~= div(last, w) then
+          local b = floor(su / w)
+          if held == cost or last < 0 or b ~= floor(last / w) then
             rcall('PEXPIRE', key, ttl_until((b + 2) * w))
           end
         end
