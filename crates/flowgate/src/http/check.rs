@@ -1,0 +1,192 @@
+//! The check itself: a request's limits asked of the store, and the answer turned into either
+//! headers for the passing response or a response of its own (429, 503, 500).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, WWW_AUTHENTICATE};
+use http::{Response, StatusCode};
+
+use super::headers::{FLOWGATE_FALLBACK, Report, append_ratelimit_headers, set_retry_after};
+use super::key::KeyRejection;
+use super::policy::{Applied, Policy};
+use super::problem::Problem;
+use super::stats::{RateLimitStats, bump};
+use crate::decision::FailMode;
+use crate::policy::acquire_all;
+use crate::store::{Acquire, Store};
+
+/// How the layer behaves; fixed when it is built.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Options {
+    /// What a transient store error does: `Open` lets the request through (marked with
+    /// `Flowgate-Fallback: open`), anything else answers 503.
+    pub(crate) on_store_error: FailMode,
+    /// Whether to add `X-RateLimit-Limit/Remaining/Reset`.
+    pub(crate) legacy_headers: bool,
+}
+
+/// Everything a layer's services share.
+pub(crate) struct Shared<St> {
+    /// Where the counters live.
+    pub(crate) store: St,
+    /// The limits.
+    pub(crate) policy: Policy,
+    /// Behaviour.
+    pub(crate) options: Options,
+    /// Outcome counters.
+    pub(crate) stats: Arc<RateLimitStats>,
+}
+
+/// What becomes of a request.
+pub(crate) enum Verdict {
+    /// Call the inner service and add these headers to its response.
+    Pass(HeaderMap),
+    /// Answer with this response instead.
+    Answer(Response<Bytes>),
+}
+
+/// Whether a request speaks gRPC, so that refusals are sent as gRPC statuses.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The response for `problem`, as problem+json or as a gRPC status.
+fn answer(problem: Problem, grpc: bool) -> Response<Bytes> {
+    if grpc {
+        problem.into_grpc_response()
+    } else {
+        problem.into_response()
+    }
+}
+
+impl<St: Store> Shared<St> {
+    /// The response for a request whose key could not be extracted.
+    pub(crate) fn reject(&self, rejection: KeyRejection, grpc: bool) -> Response<Bytes> {
+        bump(&self.stats.rejected);
+        let unauthorized = rejection.status == StatusCode::UNAUTHORIZED;
+        let mut response = answer(Problem::status(rejection.status, rejection.detail), grpc);
+        if unauthorized {
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+
+    /// Asks the store for every applied limit at once and decides.
+    pub(crate) async fn check(self: Arc<Self>, applied: Vec<Applied>, grpc: bool) -> Verdict {
+        let requests: Vec<Acquire<'_>> = applied
+            .iter()
+            .map(|a| Acquire {
+                key: &a.store_key,
+                quota: &a.quota,
+                cost: a.cost,
+            })
+            .collect();
+        let outcome = acquire_all(&self.store, &requests, |i| applied[i].enforced).await;
+        self.judge(&applied, &outcome.results, grpc)
+    }
+
+    fn judge(
+        &self,
+        applied: &[Applied],
+        results: &[Result<crate::Decision, crate::store::StoreError>],
+        grpc: bool,
+    ) -> Verdict {
+        let mut reports = Vec::with_capacity(applied.len());
+        let mut violated = Vec::new();
+        let mut retry_after = 0;
+        let mut fallback: Option<FailMode> = None;
+        let mut unavailable = false;
+        let mut broken = false;
+        for (limit, result) in applied.iter().zip(results) {
+            if !limit.enforced {
+                continue;
+            }
+            match result {
+                // A fallback store that failed closed: the store, not the client, is at fault.
+                Ok(d) if d.fallback == Some(FailMode::Closed) && !d.allowed => unavailable = true,
+                Ok(d) => {
+                    if let Some(mode) = d.fallback {
+                        fallback = fallback.max_by_severity(mode);
+                    }
+                    // Fail-open decisions carry no real counts: leave them out of the headers.
+                    if d.fallback != Some(FailMode::Open) {
+                        reports.push(Report {
+                            name: &limit.name,
+                            quota: &limit.quota,
+                            decision: d,
+                        });
+                    }
+                    if !d.allowed {
+                        violated.push(limit.name.to_string());
+                        retry_after = retry_after.max(d.retry_after_secs());
+                    }
+                }
+                Err(e) if e.is_transient() => match self.options.on_store_error {
+                    FailMode::Open => fallback = fallback.max_by_severity(FailMode::Open),
+                    _ => unavailable = true,
+                },
+                Err(_) => broken = true,
+            }
+        }
+        let legacy = self.options.legacy_headers;
+        if !violated.is_empty() {
+            bump(&self.stats.limited);
+            let retry_after = retry_after.max(1);
+            let mut response = answer(Problem::quota_exceeded(violated, retry_after), grpc);
+            append_ratelimit_headers(response.headers_mut(), &reports, legacy);
+            set_retry_after(response.headers_mut(), retry_after);
+            return Verdict::Answer(response);
+        }
+        if broken {
+            bump(&self.stats.store_errors);
+            let problem = Problem::status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the rate-limit store failed",
+            );
+            return Verdict::Answer(answer(problem, grpc));
+        }
+        if unavailable {
+            bump(&self.stats.unavailable);
+            let problem = Problem::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate-limit store is unavailable",
+            );
+            let mut response = answer(problem, grpc);
+            set_retry_after(response.headers_mut(), 1);
+            return Verdict::Answer(response);
+        }
+        bump(&self.stats.allowed);
+        let mut headers = HeaderMap::new();
+        append_ratelimit_headers(&mut headers, &reports, legacy);
+        if let Some(mode) = fallback {
+            bump(match mode {
+                FailMode::Local => &self.stats.fail_local,
+                _ => &self.stats.fail_open,
+            });
+            headers.insert(
+                FLOWGATE_FALLBACK.clone(),
+                HeaderValue::from_static(mode.name()),
+            );
+        }
+        Verdict::Pass(headers)
+    }
+}
+
+/// Combines the fail modes of several limits: `open` (nothing checked) outranks `local`.
+trait Severity {
+    fn max_by_severity(self, mode: FailMode) -> Option<FailMode>;
+}
+
+impl Severity for Option<FailMode> {
+    fn max_by_severity(self, mode: FailMode) -> Option<FailMode> {
+        match (self, mode) {
+            (Some(FailMode::Open), _) | (_, FailMode::Open) => Some(FailMode::Open),
+            _ => Some(mode),
+        }
+    }
+}
