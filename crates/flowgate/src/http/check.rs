@@ -190,3 +190,108 @@ impl Severity for Option<FailMode> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::key::Global;
+    use crate::http::{Limit, RateLimitLayer};
+    use crate::store::{Acquire, StoreError};
+    use crate::{Decision, Quota};
+    use std::time::Duration;
+    use tower::{Layer, ServiceExt, service_fn};
+
+    /// Test double for the layer's error paths only: answers every call with a fixed result.
+    struct ScriptedStoreDouble(Result<Decision, StoreError>);
+
+    impl Store for ScriptedStoreDouble {
+        async fn acquire(&self, _: &str, _: &Quota, _: u64) -> Result<Decision, StoreError> {
+            self.0.clone()
+        }
+        async fn acquire_many(&self, r: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
+            r.iter().map(|_| self.0.clone()).collect()
+        }
+        async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    async fn status_and_headers(
+        result: Result<Decision, StoreError>,
+        mode: FailMode,
+    ) -> (StatusCode, HeaderMap, crate::http::StatsSnapshot) {
+        let policy = Policy::new().limit(Limit::new(
+            "all",
+            Global::default(),
+            Quota::per_second(5).unwrap(),
+        ));
+        let layer = RateLimitLayer::builder(ScriptedStoreDouble(result), policy)
+            .on_store_error(mode)
+            .build()
+            .unwrap();
+        let service = layer.layer(service_fn(|_: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
+        }));
+        let response = service.oneshot(http::Request::new(())).await.unwrap();
+        let stats = layer.stats().snapshot();
+        (response.status(), response.headers().clone(), stats)
+    }
+
+    fn decision(allowed: bool, fallback: Option<FailMode>) -> Decision {
+        Decision {
+            allowed,
+            limit: 5,
+            remaining: 2,
+            reset_after: Duration::from_millis(600),
+            retry_after: if allowed {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(200)
+            },
+            fallback,
+        }
+    }
+
+    #[tokio::test]
+    async fn store_errors_and_fallback_decisions_become_the_right_responses() {
+        let unavailable = Err(StoreError::Unavailable("refused".into()));
+        let (status, headers, stats) =
+            status_and_headers(unavailable.clone(), FailMode::Closed).await;
+        assert_eq!(status, 503);
+        assert_eq!(headers["retry-after"], "1");
+        assert_eq!(stats.unavailable, 1);
+        // `local` at the layer cannot decide by itself: like closed.
+        let (status, _, _) = status_and_headers(unavailable.clone(), FailMode::Local).await;
+        assert_eq!(status, 503);
+        let (status, headers, stats) = status_and_headers(unavailable, FailMode::Open).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers[&FLOWGATE_FALLBACK], "open");
+        assert_eq!((stats.allowed, stats.fail_open), (1, 1));
+        // Not transient: fail modes do not apply.
+        let broken = Err(StoreError::Backend("WRONGTYPE".into()));
+        let (status, _, stats) = status_and_headers(broken, FailMode::Open).await;
+        assert_eq!(status, 500);
+        assert_eq!(stats.store_errors, 1);
+        // Decisions a fallback store made: local ones are real limits and are shown.
+        let local = Ok(decision(true, Some(FailMode::Local)));
+        let (status, headers, stats) = status_and_headers(local, FailMode::Closed).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers[&FLOWGATE_FALLBACK], "local");
+        assert_eq!(headers["ratelimit"], r#""all";r=2;t=1"#);
+        assert_eq!(stats.fail_local, 1);
+        let local_denial = Ok(decision(false, Some(FailMode::Local)));
+        let (status, _, _) = status_and_headers(local_denial, FailMode::Closed).await;
+        assert_eq!(status, 429);
+        let closed = Ok(decision(false, Some(FailMode::Closed)));
+        let (status, _, _) = status_and_headers(closed, FailMode::Open).await;
+        assert_eq!(status, 503);
+        let open = Ok(decision(true, Some(FailMode::Open)));
+        let (status, headers, _) = status_and_headers(open, FailMode::Closed).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers[&FLOWGATE_FALLBACK], "open");
+        assert!(headers.get("ratelimit").is_none());
+    }
+}
