@@ -33,7 +33,7 @@ pub(crate) use cell::{Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell
 #[doc(hidden)]
 pub mod __private {
     //! Internals exposed for the crate's loom model test only. Not a public API.
-    pub use super::cell::ModelGcraCell;
+    pub use super::cell::{MODEL_GCRA_FRESH, model_gcra_acquire};
 }
 
 /// Calls `$body` with `$c` bound to the inner value of whichever variant `$value` is, for enums

@@ -186,33 +186,16 @@ impl<S: Store> DynStore for S {
 }
 
 impl Store for Arc<dyn DynStore> {
-    fn acquire(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        async move { (**self).acquire_boxed(key, quota, cost).await }
+    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
+        (**self).acquire_boxed(key, quota, cost).await
     }
-    fn acquire_many(
-        &self,
-        requests: &[Acquire<'_>],
-    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
-        async move { (**self).acquire_many_boxed(requests).await }
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
+        (**self).acquire_many_boxed(requests).await
     }
-    fn refund(
-        &self,
-        key: &str,
-        quota: &Quota,
-        units: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { (**self).refund_boxed(key, quota, units).await }
+    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+        (**self).refund_boxed(key, quota, units).await
     }
-    fn reset(
-        &self,
-        key: &str,
-        quota: &Quota,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { (**self).reset_boxed(key, quota).await }
+    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
+        (**self).reset_boxed(key, quota).await
     }
 }

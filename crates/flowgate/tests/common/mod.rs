@@ -1,0 +1,4 @@
+//! Helpers shared by the integration tests. Each test binary uses part of them.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod conformance;
