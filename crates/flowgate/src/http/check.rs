@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
 
-use super::headers::{FLOWGATE_FALLBACK, Report, append_ratelimit_headers, set_retry_after};
+use super::headers::{Fields, Report, set_retry_after};
 use super::key::KeyRejection;
 use super::policy::{Applied, Policy};
 use super::problem::Problem;
@@ -40,8 +40,8 @@ pub(crate) struct Shared<St> {
 
 /// What becomes of a request.
 pub(crate) enum Verdict {
-    /// Call the inner service and add these headers to its response.
-    Pass(HeaderMap),
+    /// Call the inner service and add these fields to its response.
+    Pass(Fields),
     /// Answer with this response instead.
     Answer(Response<Bytes>),
 }
@@ -96,7 +96,7 @@ impl<St: Store> Shared<St> {
         results: &[Result<crate::Decision, crate::store::StoreError>],
         grpc: bool,
     ) -> Verdict {
-        let mut reports = Vec::with_capacity(applied.len());
+        let mut rows = Vec::with_capacity(applied.len());
         let mut violated = Vec::new();
         let mut retry_after = 0;
         let mut fallback: Option<FailMode> = None;
@@ -115,11 +115,12 @@ impl<St: Store> Shared<St> {
                     }
                     // Fail-open decisions carry no real counts: leave them out of the headers.
                     if d.fallback != Some(FailMode::Open) {
-                        reports.push(Report {
+                        let report = Report {
                             name: &limit.name,
                             quota: &limit.quota,
                             decision: d,
-                        });
+                        };
+                        rows.push((&limit.policy_item, report));
                     }
                     if !d.allowed {
                         violated.push(limit.name.to_string());
@@ -138,7 +139,7 @@ impl<St: Store> Shared<St> {
             bump(&self.stats.limited);
             let retry_after = retry_after.max(1);
             let mut response = answer(Problem::quota_exceeded(violated, retry_after), grpc);
-            append_ratelimit_headers(response.headers_mut(), &reports, legacy);
+            Fields::new(&rows, legacy).apply(response.headers_mut());
             set_retry_after(response.headers_mut(), retry_after);
             return Verdict::Answer(response);
         }
@@ -161,19 +162,15 @@ impl<St: Store> Shared<St> {
             return Verdict::Answer(response);
         }
         bump(&self.stats.allowed);
-        let mut headers = HeaderMap::new();
-        append_ratelimit_headers(&mut headers, &reports, legacy);
+        let mut fields = Fields::new(&rows, legacy);
         if let Some(mode) = fallback {
             bump(match mode {
                 FailMode::Local => &self.stats.fail_local,
                 _ => &self.stats.fail_open,
             });
-            headers.insert(
-                FLOWGATE_FALLBACK.clone(),
-                HeaderValue::from_static(mode.name()),
-            );
+            fields.fallback = Some(HeaderValue::from_static(mode.name()));
         }
-        Verdict::Pass(headers)
+        Verdict::Pass(fields)
     }
 }
 
@@ -268,7 +265,7 @@ mod tests {
         assert_eq!(status, 503);
         let (status, headers, stats) = status_and_headers(unavailable, FailMode::Open).await;
         assert_eq!(status, 200);
-        assert_eq!(headers[&FLOWGATE_FALLBACK], "open");
+        assert_eq!(headers["flowgate-fallback"], "open");
         assert_eq!((stats.allowed, stats.fail_open), (1, 1));
         // Not transient: fail modes do not apply.
         let broken = Err(StoreError::Backend("WRONGTYPE".into()));
@@ -279,7 +276,7 @@ mod tests {
         let local = Ok(decision(true, Some(FailMode::Local)));
         let (status, headers, stats) = status_and_headers(local, FailMode::Closed).await;
         assert_eq!(status, 200);
-        assert_eq!(headers[&FLOWGATE_FALLBACK], "local");
+        assert_eq!(headers["flowgate-fallback"], "local");
         assert_eq!(headers["ratelimit"], r#""all";r=2;t=1"#);
         assert_eq!(stats.fail_local, 1);
         let local_denial = Ok(decision(false, Some(FailMode::Local)));
@@ -291,7 +288,7 @@ mod tests {
         let open = Ok(decision(true, Some(FailMode::Open)));
         let (status, headers, _) = status_and_headers(open, FailMode::Closed).await;
         assert_eq!(status, 200);
-        assert_eq!(headers[&FLOWGATE_FALLBACK], "open");
+        assert_eq!(headers["flowgate-fallback"], "open");
         assert!(headers.get("ratelimit").is_none());
     }
 }

@@ -5,12 +5,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::check::Verdict;
+use super::headers::Fields;
 
 /// The store's answer, boxed: store futures are opaque types.
 type Check = Pin<Box<dyn Future<Output = Verdict> + Send>>;
@@ -37,11 +38,11 @@ pin_project! {
             check: Check,
             pending: Option<(S, Request<B>)>,
         },
-        /// The inner service is working; its response gets `headers`.
+        /// The inner service is working; its response gets `fields`.
         Calling {
             #[pin]
             future: S::Future,
-            headers: HeaderMap,
+            fields: Option<Fields>,
         },
         /// The layer answered itself.
         Answered {
@@ -60,9 +61,12 @@ impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
         }
     }
 
-    pub(crate) fn call(future: S::Future, headers: HeaderMap) -> Self {
+    pub(crate) fn call(future: S::Future, fields: Fields) -> Self {
         ResponseFuture {
-            state: State::Calling { future, headers },
+            state: State::Calling {
+                future,
+                fields: Some(fields),
+            },
         }
     }
 
@@ -88,9 +92,9 @@ where
                 StateProj::Checking { check, pending } => {
                     let verdict = ready!(check.as_mut().poll(cx));
                     let next = match (verdict, pending.take()) {
-                        (Verdict::Pass(headers), Some((mut service, request))) => State::Calling {
+                        (Verdict::Pass(fields), Some((mut service, request))) => State::Calling {
                             future: service.call(request),
-                            headers,
+                            fields: Some(fields),
                         },
                         (Verdict::Answer(response), _) => State::Answered {
                             response: Some(response),
@@ -100,12 +104,10 @@ where
                     };
                     state.set(next);
                 }
-                StateProj::Calling { future, headers } => {
+                StateProj::Calling { future, fields } => {
                     let mut response = ready!(future.poll(cx))?;
-                    let added = std::mem::take(headers);
-                    let target = response.headers_mut();
-                    for (name, value) in &added {
-                        target.append(name.clone(), value.clone());
+                    if let Some(fields) = fields.take() {
+                        fields.apply(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }

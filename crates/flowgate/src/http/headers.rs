@@ -89,19 +89,27 @@ fn push_sf_string(out: &mut String, name: &str) {
 
 /// One `RateLimit-Policy` item: `"name";q=100;w=60`.
 pub fn policy_item(name: &str, quota: &Quota) -> String {
-    let (q, w) = quota_window(quota);
     let mut out = String::with_capacity(name.len() + 24);
-    push_sf_string(&mut out, name);
-    let _ = write!(out, ";q={q};w={w}");
+    push_policy_item(&mut out, name, quota);
     out
+}
+
+fn push_policy_item(out: &mut String, name: &str, quota: &Quota) {
+    let (q, w) = quota_window(quota);
+    push_sf_string(out, name);
+    let _ = write!(out, ";q={q};w={w}");
 }
 
 /// One `RateLimit` item: `"name";r=0;t=12`.
 pub fn limit_item(name: &str, decision: &Decision) -> String {
     let mut out = String::with_capacity(name.len() + 24);
-    push_sf_string(&mut out, name);
-    let _ = write!(out, ";r={};t={}", decision.remaining, reset_secs(decision));
+    push_limit_item(&mut out, name, decision);
     out
+}
+
+pub(crate) fn push_limit_item(out: &mut String, name: &str, decision: &Decision) {
+    push_sf_string(out, name);
+    let _ = write!(out, ";r={};t={}", decision.remaining, reset_secs(decision));
 }
 
 /// Appends `RateLimit-Policy` and `RateLimit` for `reports` (nothing if empty). With `legacy`,
@@ -111,10 +119,18 @@ pub fn append_ratelimit_headers(headers: &mut HeaderMap, reports: &[Report<'_>],
     if reports.is_empty() {
         return;
     }
-    let join =
-        |item: fn(&Report<'_>) -> String| reports.iter().map(item).collect::<Vec<_>>().join(", ");
-    let policy = join(|r| policy_item(r.name, r.quota));
-    let limit = join(|r| limit_item(r.name, r.decision));
+    let join = |item: fn(&mut String, &Report<'_>)| {
+        let mut out = String::with_capacity(reports.len() * 32);
+        for (i, report) in reports.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            item(&mut out, report);
+        }
+        out
+    };
+    let policy = join(|out, r| push_policy_item(out, r.name, r.quota));
+    let limit = join(|out, r| push_limit_item(out, r.name, r.decision));
     // Only printable ASCII goes in, so these conversions cannot fail.
     if let Ok(v) = HeaderValue::from_str(&policy) {
         headers.append(RATELIMIT_POLICY.clone(), v);
@@ -142,6 +158,97 @@ pub fn append_ratelimit_headers(headers: &mut HeaderMap, reports: &[Report<'_>],
             );
         }
     }
+}
+
+/// The rate-limit fields of one response, built by the layer from pre-formatted policy items
+/// and added to the response when it is ready.
+#[derive(Debug, Default)]
+pub(crate) struct Fields {
+    /// `RateLimit-Policy`.
+    policy: Option<HeaderValue>,
+    /// `RateLimit`.
+    limit: Option<HeaderValue>,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    legacy: Option<[HeaderValue; 3]>,
+    /// `Flowgate-Fallback`.
+    pub(crate) fallback: Option<HeaderValue>,
+}
+
+impl Fields {
+    /// The fields for `rows`: each a limit's formatted `RateLimit-Policy` item and its report.
+    pub(crate) fn new(rows: &[(&HeaderValue, Report<'_>)], legacy: bool) -> Self {
+        let Some(((first_item, _), rest)) = rows.split_first() else {
+            return Fields::default();
+        };
+        let policy = if rest.is_empty() {
+            (*first_item).clone()
+        } else {
+            let mut joined = Vec::with_capacity(rows.len() * 32);
+            for (i, (item, _)) in rows.iter().enumerate() {
+                if i > 0 {
+                    joined.extend_from_slice(b", ");
+                }
+                joined.extend_from_slice(item.as_bytes());
+            }
+            shared_value(joined)
+        };
+        let mut limit = String::with_capacity(rows.len() * 32);
+        for (i, (_, report)) in rows.iter().enumerate() {
+            if i > 0 {
+                limit.push_str(", ");
+            }
+            push_limit_item(&mut limit, report.name, report.decision);
+        }
+        let legacy = legacy
+            .then(|| {
+                rows.iter()
+                    .map(|(_, r)| r)
+                    .find(|r| !r.decision.allowed)
+                    .or_else(|| {
+                        rows.iter()
+                            .map(|(_, r)| r)
+                            .min_by_key(|r| r.decision.remaining)
+                    })
+            })
+            .flatten()
+            .map(|r| {
+                [
+                    HeaderValue::from(r.decision.limit),
+                    HeaderValue::from(r.decision.remaining),
+                    HeaderValue::from(reset_secs(r.decision)),
+                ]
+            });
+        Fields {
+            policy: Some(policy),
+            limit: Some(shared_value(limit.into_bytes())),
+            legacy,
+            fallback: None,
+        }
+    }
+
+    /// Adds the fields to `headers` (`RateLimit` items after any already there).
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        if let Some(v) = self.policy {
+            headers.append(RATELIMIT_POLICY.clone(), v);
+        }
+        if let Some(v) = self.limit {
+            headers.append(RATELIMIT.clone(), v);
+        }
+        if let Some([limit, remaining, reset]) = self.legacy {
+            headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
+            headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+            headers.insert(X_RATELIMIT_RESET.clone(), reset);
+        }
+        if let Some(v) = self.fallback {
+            headers.insert(FLOWGATE_FALLBACK.clone(), v);
+        }
+    }
+}
+
+/// A header value from bytes that are printable ASCII by construction, without copying them.
+fn shared_value(bytes: Vec<u8>) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes))
+        .unwrap_or(HeaderValue::from_static(""))
 }
 
 /// Sets `Retry-After` to `secs`, raised to at least 1: a limited client is never told to retry

@@ -3,24 +3,44 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
+use http::HeaderValue;
 use http::request::Parts;
 
 use super::error::PolicyError;
+use super::headers::policy_item;
 use super::key::{KeyExtractor, KeyRejection};
 use crate::quota::Quota;
+
+/// A quota and its `RateLimit-Policy` item, formatted once.
+#[derive(Debug, Clone)]
+struct Priced {
+    /// The quota.
+    quota: Quota,
+    /// `"name";q=…;w=…`.
+    item: HeaderValue,
+}
+
+impl Priced {
+    fn new(name: &str, quota: Quota) -> Self {
+        let item = HeaderValue::from_maybe_shared(Bytes::from(policy_item(name, &quota)))
+            .unwrap_or(HeaderValue::from_static(""));
+        Priced { quota, item }
+    }
+}
 
 /// How a limit picks its quota.
 enum Quotas {
     /// The same quota for every key.
-    One(Quota),
+    One(Priced),
     /// A quota per tier, the tier read from the request.
     Tiered {
         /// Reads the tier (`free`, `enterprise`, a route template).
         tier: Box<dyn KeyExtractor>,
         /// Quota per tier value.
-        tiers: HashMap<String, Quota>,
+        tiers: HashMap<String, Priced>,
         /// The quota for a tier not in `tiers`; `None` skips the limit for such requests.
-        otherwise: Option<Quota>,
+        otherwise: Option<Priced>,
     },
 }
 
@@ -68,10 +88,11 @@ impl std::fmt::Debug for Limit {
 impl Limit {
     /// Every key gets `quota`.
     pub fn new(name: impl Into<String>, key: impl KeyExtractor, quota: Quota) -> Self {
+        let name: Arc<str> = name.into().into();
         Limit {
-            name: name.into().into(),
+            quotas: Quotas::One(Priced::new(&name, quota)),
+            name,
             key: Box::new(key),
-            quotas: Quotas::One(quota),
             cost: 1,
             shadow: false,
         }
@@ -102,7 +123,7 @@ impl Limit {
     /// The quota for tier `value`. (Ignored on a limit made with [`new`](Self::new).)
     pub fn tier(mut self, value: impl Into<String>, quota: Quota) -> Self {
         if let Quotas::Tiered { tiers, .. } = &mut self.quotas {
-            tiers.insert(value.into(), quota);
+            tiers.insert(value.into(), Priced::new(&self.name, quota));
         }
         self
     }
@@ -110,7 +131,7 @@ impl Limit {
     /// The quota for tiers not named with [`tier`](Self::tier).
     pub fn otherwise(mut self, quota: Quota) -> Self {
         if let Quotas::Tiered { otherwise, .. } = &mut self.quotas {
-            *otherwise = Some(quota);
+            *otherwise = Some(Priced::new(&self.name, quota));
         }
         self
     }
@@ -134,13 +155,13 @@ impl Limit {
 
     fn quotas(&self) -> Vec<(Option<&str>, &Quota)> {
         match &self.quotas {
-            Quotas::One(q) => vec![(None, q)],
+            Quotas::One(p) => vec![(None, &p.quota)],
             Quotas::Tiered {
                 tiers, otherwise, ..
             } => tiers
                 .iter()
-                .map(|(t, q)| (Some(t.as_str()), q))
-                .chain(otherwise.iter().map(|q| (None, q)))
+                .map(|(t, p)| (Some(t.as_str()), &p.quota))
+                .chain(otherwise.iter().map(|p| (None, &p.quota)))
                 .collect(),
         }
     }
@@ -165,6 +186,8 @@ pub(crate) struct Applied {
     pub(crate) store_key: String,
     /// The quota that applies.
     pub(crate) quota: Quota,
+    /// Its `RateLimit-Policy` item.
+    pub(crate) policy_item: HeaderValue,
     /// Units the request takes.
     pub(crate) cost: u64,
     /// Whether the limit may deny.
@@ -231,8 +254,8 @@ impl Policy {
     pub(crate) fn apply(&self, parts: &Parts) -> Result<Vec<Applied>, KeyRejection> {
         let mut applied = Vec::with_capacity(self.limits.len());
         for limit in &self.limits {
-            let (tier, quota) = match &limit.quotas {
-                Quotas::One(q) => ("", *q),
+            let (tier, priced) = match &limit.quotas {
+                Quotas::One(p) => ("", p),
                 Quotas::Tiered {
                     tier,
                     tiers,
@@ -240,9 +263,9 @@ impl Policy {
                 } => {
                     let value = tier.extract(parts)?;
                     match tiers.get_key_value(value.as_str()) {
-                        Some((t, q)) => (t.as_str(), *q),
+                        Some((t, p)) => (t.as_str(), p),
                         None => match otherwise {
-                            Some(q) => ("*", *q),
+                            Some(p) => ("*", p),
                             None => continue,
                         },
                     }
@@ -259,7 +282,8 @@ impl Policy {
             applied.push(Applied {
                 name: limit.name.clone(),
                 store_key,
-                quota,
+                quota: priced.quota,
+                policy_item: priced.item.clone(),
                 cost: limit.cost,
                 enforced: !limit.shadow,
             });

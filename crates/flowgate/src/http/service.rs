@@ -1,13 +1,14 @@
 //! [`RateLimit`]: the service that checks each request before its inner service sees it.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::check::{Shared, is_grpc};
+use super::check::{Shared, Verdict, is_grpc};
 use super::future::ResponseFuture;
 use crate::store::Store;
 
@@ -77,10 +78,22 @@ where
         if applied.is_empty() {
             return ResponseFuture::call(self.inner.call(request), Default::default());
         }
-        // The instance that was polled ready goes with the request; this one is a fresh clone.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        let check = Box::pin(self.shared.clone().check(applied, grpc));
-        ResponseFuture::check(check, ready, request)
+        let mut check = Box::pin(self.shared.clone().check(applied, grpc));
+        // Stores that decide in memory answer at once: then the request goes straight to the
+        // inner service, which was polled ready for it. (Polling with a no-op waker is fine: a
+        // pending future is polled again, with the real waker, by `ResponseFuture`.)
+        match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Verdict::Pass(fields)) => {
+                ResponseFuture::call(self.inner.call(request), fields)
+            }
+            Poll::Ready(Verdict::Answer(response)) => ResponseFuture::answer(response),
+            Poll::Pending => {
+                // The instance that was polled ready goes with the request; this one is a
+                // fresh clone.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::check(check, ready, request)
+            }
+        }
     }
 }

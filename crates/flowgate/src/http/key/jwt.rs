@@ -206,4 +206,34 @@ mod tests {
             .0;
         assert_eq!(jwt.claim("sub").extract(&basic).unwrap_err().status, 401);
     }
+
+    #[test]
+    fn rs256_tokens_verify_with_the_public_key_only() {
+        let private = include_bytes!("../../../tests/fixtures/jwt-test-rs256.key.pem");
+        let public = include_bytes!("../../../tests/fixtures/jwt-test-rs256.pub.pem");
+        let exp = jsonwebtoken::get_current_timestamp() + 600;
+        let claims = serde_json::json!({"sub": "svc-9", "plan": "enterprise", "exp": exp});
+        let signed = encode(
+            &Header::new(Algorithm::RS256),
+            &claims,
+            &EncodingKey::from_rsa_pem(private).unwrap(),
+        )
+        .unwrap();
+        let jwt = Jwt::rs256_pem(public).unwrap();
+        assert_eq!(
+            jwt.claim("plan").extract(&parts(&signed)).unwrap(),
+            "enterprise"
+        );
+        // An HS256 token "signed" with the public key as secret (the classic key-confusion
+        // attack) is refused: only RS256 is accepted.
+        let confused = token(public, claims);
+        assert_eq!(
+            jwt.claim("sub")
+                .extract(&parts(&confused))
+                .unwrap_err()
+                .status,
+            401
+        );
+        assert!(Jwt::rs256_pem(b"not a key").is_err());
+    }
 }
