@@ -78,6 +78,14 @@ impl<St: Store> Shared<St> {
 
     /// Asks the store for every applied limit at once and decides.
     pub(crate) async fn check(self: Arc<Self>, applied: Vec<Applied>, grpc: bool) -> Verdict {
+        if let [one] = applied.as_slice() {
+            // One limit: nothing to refund, no batch to build.
+            let result = self
+                .store
+                .acquire(&one.store_key, &one.quota, one.cost)
+                .await;
+            return self.judge(&applied, std::slice::from_ref(&result), grpc);
+        }
         let requests: Vec<Acquire<'_>> = applied
             .iter()
             .map(|a| Acquire {
@@ -168,7 +176,7 @@ impl<St: Store> Shared<St> {
                 FailMode::Local => &self.stats.fail_local,
                 _ => &self.stats.fail_open,
             });
-            fields.fallback = Some(HeaderValue::from_static(mode.name()));
+            fields.fallback = Some(mode.name());
         }
         Verdict::Pass(fields)
     }

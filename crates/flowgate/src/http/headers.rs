@@ -109,7 +109,27 @@ pub fn limit_item(name: &str, decision: &Decision) -> String {
 
 pub(crate) fn push_limit_item(out: &mut String, name: &str, decision: &Decision) {
     push_sf_string(out, name);
-    let _ = write!(out, ";r={};t={}", decision.remaining, reset_secs(decision));
+    out.push_str(";r=");
+    push_u64(out, decision.remaining);
+    out.push_str(";t=");
+    push_u64(out, reset_secs(decision));
+}
+
+/// Appends `n` in decimal (what `write!(out, "{n}")` does, without the formatting machinery:
+/// this runs on every response).
+pub(crate) fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    out.push_str(std::str::from_utf8(&digits[start..]).unwrap_or_default());
 }
 
 /// Appends `RateLimit-Policy` and `RateLimit` for `reports` (nothing if empty). With `legacy`,
@@ -169,9 +189,9 @@ pub(crate) struct Fields {
     /// `RateLimit`.
     limit: Option<HeaderValue>,
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    legacy: Option<[HeaderValue; 3]>,
-    /// `Flowgate-Fallback`.
-    pub(crate) fallback: Option<HeaderValue>,
+    legacy: Option<[u64; 3]>,
+    /// `Flowgate-Fallback`: the fail mode's name.
+    pub(crate) fallback: Option<&'static str>,
 }
 
 impl Fields {
@@ -213,9 +233,9 @@ impl Fields {
             .flatten()
             .map(|r| {
                 [
-                    HeaderValue::from(r.decision.limit),
-                    HeaderValue::from(r.decision.remaining),
-                    HeaderValue::from(reset_secs(r.decision)),
+                    r.decision.limit,
+                    r.decision.remaining,
+                    reset_secs(r.decision),
                 ]
             });
         Fields {
@@ -235,12 +255,12 @@ impl Fields {
             headers.append(RATELIMIT.clone(), v);
         }
         if let Some([limit, remaining, reset]) = self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-            headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
-            headers.insert(X_RATELIMIT_RESET.clone(), reset);
+            headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(limit));
+            headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
+            headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
         }
-        if let Some(v) = self.fallback {
-            headers.insert(FLOWGATE_FALLBACK.clone(), v);
+        if let Some(mode) = self.fallback {
+            headers.insert(FLOWGATE_FALLBACK.clone(), HeaderValue::from_static(mode));
         }
     }
 }
@@ -309,6 +329,15 @@ mod tests {
         assert_eq!(limit_item("per-ip", &d), r#""per-ip";r=0;t=12"#);
         let d = decision(true, 7, 2_500, 0);
         assert_eq!(limit_item("a\"b\\c\u{e9}", &d), r#""a\"b\\c?";r=7;t=3"#);
+    }
+
+    #[test]
+    fn integers_are_written_in_decimal() {
+        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
+            let mut out = String::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string());
+        }
     }
 
     #[test]

@@ -121,7 +121,18 @@ impl PeerIp {
     /// `ip` as a key: the whole address, or `network/prefix` when keyed by a prefix.
     pub fn key_of(&self, ip: IpAddr) -> String {
         match ip.to_canonical() {
-            IpAddr::V4(a) if self.v4_prefix >= 32 => a.to_string(),
+            IpAddr::V4(a) if self.v4_prefix >= 32 => {
+                // Dotted quad by hand: `Ipv4Addr`'s `Display` costs more than the rest of the
+                // key extraction.
+                let mut key = String::with_capacity(15);
+                for (i, octet) in a.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        key.push('.');
+                    }
+                    crate::http::headers::push_u64(&mut key, u64::from(octet));
+                }
+                key
+            }
             IpAddr::V4(a) => {
                 let mask = u32::MAX
                     .checked_shl(32 - u32::from(self.v4_prefix))
