@@ -12,6 +12,8 @@
 //! Both libraries run with their default clocks; governor also with its `QuantaUpkeepClock`,
 //! the closest thing it has to Flowgate's cheap `recent()` reading.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // setup failures in a benchmark may panic
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;

@@ -5,6 +5,8 @@
 //!
 //! `cargo bench -p flowgate --bench memory_per_key`
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // setup failures in a benchmark may panic
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicIsize, Ordering};
