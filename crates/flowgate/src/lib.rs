@@ -38,5 +38,5 @@ pub mod policy;
 pub mod quota;
 pub mod store;
 
-pub use decision::{Decision, FailMode};
+pub use decision::{Decision, Denied, FailMode};
 pub use quota::{Algorithm, InsufficientCapacity, Quota, QuotaError};
