@@ -305,7 +305,7 @@ impl<C: Clock + Clone> Pacer<C> {
         let reservation = turn
             .lane
             .limiter
-            .reserve(cost, self.max_delay - paused)
+            .reserve(cost, self.max_delay.saturating_sub(paused))
             .map_err(|e| match e {
                 ReserveError::TooLong { wait, .. } => OutboundError::DelayTooLong {
                     delay: wait + paused,

@@ -15,6 +15,8 @@
 //! [`OutboundError::DelayTooLong`]; new requests during a pause longer than `max_delay` fail
 //! with [`OutboundError::Paused`]. The 429 response itself is returned to the caller (add a
 //! retry layer outside this one to retry it).
+//!
+//! Waiting uses tokio's timer: call the service from within a tokio runtime.
 
 mod clock;
 mod error;
