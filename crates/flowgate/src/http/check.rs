@@ -299,4 +299,46 @@ mod tests {
         assert_eq!(headers["flowgate-fallback"], "open");
         assert!(headers.get("ratelimit").is_none());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Whatever the algorithm, quota and timing, a 429 says to retry after at least a
+        /// second, and `RateLimit` agrees (`r=0`, `t` = `Retry-After`).
+        #[test]
+        fn limited_responses_never_say_retry_after_0(
+            algorithm in proptest::sample::select(crate::Algorithm::ALL.to_vec()),
+            limit in 1u64..20,
+            period_ms in 1u64..5_000,
+            steps in proptest::collection::vec(0u64..700, 1..40),
+        ) {
+            let quota = Quota::new(limit, Duration::from_millis(period_ms))
+                .unwrap()
+                .with_algorithm(algorithm)
+                .unwrap();
+            let clock = crate::clock::ManualClock::new(1_700_000_000_000_000_000);
+            let store = crate::store::MemoryStore::builder().clock(clock.clone()).build();
+            let policy = Policy::new().limit(Limit::new("q", Global::default(), quota));
+            let layer = RateLimitLayer::new(store, policy).unwrap();
+            let service = layer.layer(service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
+            }));
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            for step in steps {
+                clock.advance(Duration::from_millis(step));
+                for _ in 0..3 {
+                    let response = rt
+                        .block_on(service.clone().oneshot(http::Request::new(())))
+                        .unwrap();
+                    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                        let secs: u64 = response.headers()["retry-after"]
+                            .to_str().unwrap().parse().unwrap();
+                        proptest::prop_assert!(secs >= 1);
+                        let limit = response.headers()["ratelimit"].to_str().unwrap();
+                        proptest::prop_assert_eq!(limit, format!("\"q\";r=0;t={secs}"));
+                    }
+                }
+            }
+        }
+    }
 }
