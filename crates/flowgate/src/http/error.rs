@@ -18,8 +18,8 @@ pub enum PolicyError {
     /// Two limits share a name (their counters and headers would be confused).
     #[error("two limits are named `{0}`")]
     DuplicateName(String),
-    /// A tier value is empty or contains `:`.
-    #[error("limit `{limit}`: tier `{tier}` must be non-empty and contain no `:`")]
+    /// A tier value is empty, `*` (reserved for `otherwise`) or contains `:`.
+    #[error("limit `{limit}`: tier `{tier}` must be non-empty, not `*`, and contain no `:`")]
     InvalidTier {
         /// The limit.
         limit: String,

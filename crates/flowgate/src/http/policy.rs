@@ -232,7 +232,8 @@ impl Policy {
                 return Err(PolicyError::DuplicateName(name.to_owned()));
             }
             for (tier, quota) in limit.quotas() {
-                if let Some(tier) = tier.filter(|t| t.is_empty() || t.contains(':')) {
+                // `*` is the store-key tier of `otherwise`.
+                if let Some(tier) = tier.filter(|t| t.is_empty() || *t == "*" || t.contains(':')) {
                     return Err(PolicyError::InvalidTier {
                         limit: name.to_owned(),
                         tier: tier.to_owned(),
