@@ -234,7 +234,7 @@ impl<K, V: Cell> Drop for Table<K, V> {
 #[repr(align(128))]
 struct Shard<K, V: Cell>(RwLock<Table<K, V>>);
 
-/// How full a [`ShardedMap`] is and how often it had to evict active keys.
+/// How full a keyed limiter or memory store is, and how often it had to evict active keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TableStats {
     /// Keys currently held.
