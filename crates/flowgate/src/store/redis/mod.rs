@@ -13,13 +13,17 @@
 //!   [`RedisStoreBuilder::clock`] passes an injected clock's time instead (tests, replays).
 //! * **Keys** are `{prefix}{{{key}}}:{algorithm}`, e.g. `flowgate:{user:42}:gcra`: the
 //!   algorithm keeps limits with different algorithms apart, the braces are a hash tag so a
-//!   limit's state lands in one cluster slot. Every key written gets an expiry: the time at
-//!   which its state would be indistinguishable from a fresh key's.
+//!   limit's state lands in one cluster slot. Every key written gets an expiry no earlier than
+//!   the time its state becomes indistinguishable from a fresh key's, and at most about four
+//!   spans (period or burst time) later: setting an expiry costs Redis more than the write
+//!   itself, so the scripts refresh it only when the idle time crosses into a new
+//!   power-of-two bucket and keep it otherwise (`SET … KEEPTTL`).
 //! * **Throughput.** Concurrent requests are batched: many decisions share one script call,
 //!   grouped by algorithm and (on a cluster) by slot, pipelined on one multiplexed connection
 //!   per server. See `BENCHMARKS.md` for what that buys over a per-call script.
 //! * **Failures** are [`StoreError`]s: [`Timeout`](StoreError::Timeout) after the per-call
-//!   timeout, [`Unavailable`](StoreError::Unavailable) when Redis cannot be reached (both
+//!   timeout (a request that timed out may still be counted when its batch reaches Redis:
+//!   a timeout can make the store admit less, never more), [`Unavailable`](StoreError::Unavailable) when Redis cannot be reached (both
 //!   transient; wrap the store in a [`FallbackStore`](crate::store::FallbackStore) for fail
 //!   open/closed/local and a circuit breaker). The connection is re-established in the
 //!   background once Redis is back.
