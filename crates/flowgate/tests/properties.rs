@@ -265,3 +265,36 @@ fn sliding_window_worst_case_reaches_twice_the_limit_minus_one() {
     }
     assert_eq!(busiest_window(&grants, p), 2 * q.limit() - 1);
 }
+
+proptest! {
+    /// A key whose quota changes (a configuration reload) keeps its state; whatever the old and
+    /// new quotas, no transition panics and no grant exceeds the new quota's capacity at once.
+    #[test]
+    fn a_changed_quota_never_panics(
+        algorithm in prop::sample::select(Algorithm::ALL.to_vec()),
+        limits in (1u64..=20, 1u64..=20),
+        s in steps(),
+    ) {
+        let old = Quota::per_second(limits.0).unwrap().with_algorithm(algorithm).unwrap();
+        let new = Quota::per_second(limits.1).unwrap().with_algorithm(algorithm).unwrap();
+        fn run<S: State>(old: &Quota, new: &Quota, steps: &[(u64, u64)]) -> Result<(), TestCaseError> {
+            let mut state = S::default();
+            let mut now = START;
+            for (i, &(advance, cost)) in steps.iter().enumerate() {
+                now += old.period_nanos() * advance / 64;
+                let q = if i % 2 == 0 { old } else { new };
+                let d = state.acquire(q, cost.min(q.burst()), now);
+                prop_assert!(d.remaining <= q.burst());
+                state.refund(q, cost % 2, now);
+            }
+            Ok(())
+        }
+        match algorithm {
+            Algorithm::Gcra => run::<Gcra>(&old, &new, &s)?,
+            Algorithm::LeakyBucket => run::<LeakyBucket>(&old, &new, &s)?,
+            Algorithm::FixedWindow => run::<FixedWindow>(&old, &new, &s)?,
+            Algorithm::SlidingWindow => run::<SlidingWindow>(&old, &new, &s)?,
+            Algorithm::SlidingLog => run::<SlidingLog>(&old, &new, &s)?,
+        }
+    }
+}
