@@ -79,9 +79,20 @@ struct Anchor {
     recent: AtomicU64,
 }
 
+/// The anchor, set once on first use.
+static ANCHOR: OnceLock<Anchor> = OnceLock::new();
+
 impl Anchor {
+    #[inline(always)]
     fn get() -> &'static Anchor {
-        static ANCHOR: OnceLock<Anchor> = OnceLock::new();
+        match ANCHOR.get() {
+            Some(anchor) => anchor,
+            None => Self::init(),
+        }
+    }
+
+    #[cold]
+    fn init() -> &'static Anchor {
         ANCHOR.get_or_init(|| {
             let clock = quanta::Clock::new();
             let unix_origin = SystemTime::now()

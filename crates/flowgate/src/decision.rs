@@ -79,6 +79,32 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// A denial from a limiter's lean fast path (`try_acquire`): only how long to wait.
+///
+/// ```
+/// use flowgate::{local::RateLimiter, Quota};
+/// let limiter = RateLimiter::new(Quota::per_hour(1)?);
+/// assert!(limiter.try_acquire().is_ok());
+/// let denied = limiter.try_acquire().unwrap_err();
+/// assert!(denied.retry_after > std::time::Duration::from_secs(3500));
+/// # Ok::<(), flowgate::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("rate limited: retry after {retry_after:?}")]
+pub struct Denied {
+    /// Time until the same request would be granted (never zero).
+    pub retry_after: Duration,
+}
+
+impl Denied {
+    #[inline]
+    pub(crate) fn after(wait: Nanos) -> Self {
+        Denied {
+            retry_after: Duration::from_nanos(wait.max(1)),
+        }
+    }
+}
+
 /// What to do when the shared store cannot be reached (timeout, connection refused, open
 /// circuit breaker).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

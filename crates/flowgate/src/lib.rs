@@ -10,6 +10,9 @@
 //!   lock-free, no allocation per check; waiting and shaping with the `tokio` feature.
 //! * **Stores** ([`store`]): the [`Store`](store::Store) trait for limits shared across tasks
 //!   and machines, with an embedded [`MemoryStore`](store::MemoryStore).
+//! * **HTTP** (`http`, feature `tower`): a tower rate-limit layer for axum, hyper and tonic
+//!   with the IETF `RateLimit` headers and problem+json refusals, key extractors that find the
+//!   client behind trusted proxies, and an outbound layer that paces a client's own calls.
 //!
 //! ```
 //! use flowgate::{local::KeyedRateLimiter, Algorithm, Quota};
@@ -28,10 +31,12 @@
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
+#[cfg(feature = "tower")]
+pub mod http;
 pub mod local;
 pub mod policy;
 pub mod quota;
 pub mod store;
 
-pub use decision::{Decision, FailMode};
+pub use decision::{Decision, Denied, FailMode};
 pub use quota::{Algorithm, InsufficientCapacity, Quota, QuotaError};

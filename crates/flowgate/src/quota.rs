@@ -175,6 +175,9 @@ pub struct Quota {
     interval: Nanos,
     /// `burst × interval`: how far ahead of now the bucket may be filled (GCRA's `τ`).
     tolerance: Nanos,
+    /// `⌊(2^64 − 1) / interval⌋`, so whole units in a span are a multiplication, not a
+    /// division (a 64-bit divide costs more than the rest of a check).
+    interval_reciprocal: u64,
 }
 
 impl Quota {
@@ -260,6 +263,7 @@ impl Quota {
             algorithm,
             interval,
             tolerance,
+            interval_reciprocal: u64::MAX / interval,
         })
     }
 
@@ -310,6 +314,19 @@ impl Quota {
     #[inline]
     pub fn tolerance_nanos(&self) -> Nanos {
         self.tolerance
+    }
+
+    /// Whole units that replenish in `span` nanoseconds: `⌊span / interval⌋`, computed by
+    /// multiplying with the precomputed reciprocal and correcting the estimate once (it is
+    /// never more than one too small).
+    #[inline]
+    pub fn units_in(&self, span: Nanos) -> u64 {
+        let estimate = ((u128::from(span) * u128::from(self.interval_reciprocal)) >> 64) as u64;
+        if span - estimate * self.interval >= self.interval {
+            estimate + 1
+        } else {
+            estimate
+        }
     }
 
     /// Checks that `cost` units can ever be granted at once.
@@ -387,6 +404,25 @@ mod tests {
         assert_eq!(q.interval_nanos(), 333_333_334);
         assert!(q.interval_nanos() * 3 >= 1_000_000_000);
         assert_eq!(q.tolerance_nanos(), 3 * 333_333_334);
+    }
+
+    #[test]
+    fn units_in_matches_division() {
+        for interval in [1u64, 2, 3, 7, 999, 1_000_000, 333_333_334, (1 << 61) / 3] {
+            let q = Quota::new(1, Duration::from_nanos(interval)).unwrap();
+            assert_eq!(q.interval_nanos(), interval);
+            for span in [
+                0,
+                1,
+                interval - 1,
+                interval,
+                interval + 1,
+                5 * interval + 3,
+                u64::MAX,
+            ] {
+                assert_eq!(q.units_in(span), span / interval, "{span} / {interval}");
+            }
+        }
     }
 
     #[test]

@@ -19,6 +19,24 @@ pub struct Gcra {
     pub tat: Nanos,
 }
 
+impl Gcra {
+    /// The lean form of [`State::acquire`]: grants `cost` units (`Ok`) or says how long until
+    /// they would be granted (`Err`, in nanoseconds), computing nothing else. This is all the
+    /// in-process fast path needs.
+    #[inline]
+    pub fn try_acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Result<(), Nanos> {
+        let base = self.tat.max(now);
+        let needed = base - now + cost.saturating_mul(quota.interval_nanos());
+        if needed > quota.tolerance_nanos() {
+            return Err(needed - quota.tolerance_nanos());
+        }
+        if cost > 0 {
+            self.tat = now + needed;
+        }
+        Ok(())
+    }
+}
+
 impl State for Gcra {
     #[inline]
     fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
@@ -30,12 +48,17 @@ impl State for Gcra {
         let needed = pending + cost.saturating_mul(interval);
         if needed > tolerance {
             let free = tolerance.saturating_sub(pending);
-            return Decision::deny(quota.limit(), free / interval, pending, needed - tolerance);
+            return Decision::deny(
+                quota.limit(),
+                quota.units_in(free),
+                pending,
+                needed - tolerance,
+            );
         }
         if cost > 0 {
             self.tat = now + needed;
         }
-        Decision::allow(quota.limit(), (tolerance - needed) / interval, needed)
+        Decision::allow(quota.limit(), quota.units_in(tolerance - needed), needed)
     }
 
     #[inline]

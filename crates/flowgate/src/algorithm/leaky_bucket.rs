@@ -40,13 +40,18 @@ impl State for LeakyBucket {
         let filled = level + cost.saturating_mul(interval);
         if filled > capacity {
             let free = capacity.saturating_sub(level);
-            return Decision::deny(quota.limit(), free / interval, level, filled - capacity);
+            return Decision::deny(
+                quota.limit(),
+                quota.units_in(free),
+                level,
+                filled - capacity,
+            );
         }
         if cost > 0 {
             self.level = filled;
             self.updated = self.updated.max(now);
         }
-        Decision::allow(quota.limit(), (capacity - filled) / interval, filled)
+        Decision::allow(quota.limit(), quota.units_in(capacity - filled), filled)
     }
 
     #[inline]

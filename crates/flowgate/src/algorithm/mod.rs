@@ -7,7 +7,7 @@
 //! conformance table in `tests/conformance/`).
 //!
 //! Transitions tolerate `now` going backwards (a lagging clock reading racing a precise one):
-//! they then behave as if time had stood still, which can only admit less.
+//! they then never admit more than if time had stood still.
 //!
 //! Callers check `cost <= quota.burst()` first ([`Quota::check_cost`]); a transition given a
 //! larger cost denies it without consuming anything.

@@ -71,7 +71,7 @@ impl State for SlidingLog {
                 }
             }
             let reset = self.reset_after(period, now);
-            return Decision::deny(limit, limit - self.total, reset, retry);
+            return Decision::deny(limit, limit.saturating_sub(self.total), reset, retry);
         }
         if cost > 0 {
             self.entries.push_back((stamp, cost));

@@ -15,9 +15,6 @@ use parking_lot::Mutex;
 use crate::algorithm::{FixedWindow, Gcra, LeakyBucket, SlidingLog, SlidingWindow, State};
 use crate::quota::Quota;
 
-#[cfg(loom)]
-use loom::sync::atomic::{AtomicU64, Ordering};
-#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One key's state, updated atomically.
@@ -50,6 +47,51 @@ pub(crate) trait Cell: Send + Sync + 'static {
 
 /// Marks an atomic cell as occupied.
 const OCCUPIED: u64 = 1 << 63;
+
+/// The compare-and-swap loop behind every lock-free cell: decode the current value, let `f`
+/// update the state, encode it (keeping the occupancy mark of `current`), and swap it in if
+/// nobody changed the value meanwhile — otherwise retry on the value found. A state `f` left
+/// unchanged is not written at all, so denials and peeks never contend for the cache line.
+///
+/// `cas(expected, new)` must store `new` only if the value is still `expected`, returning the
+/// value found otherwise. The loom model test drives this very function with loom's atomics.
+#[inline]
+pub(crate) fn cas_update<W: Copy + Eq, S, R>(
+    mut current: W,
+    decode: impl Fn(W) -> S,
+    encode: impl Fn(&S, W) -> W,
+    mut cas: impl FnMut(W, W) -> Result<(), W>,
+    mut f: impl FnMut(&mut S) -> R,
+) -> R {
+    loop {
+        let mut state = decode(current);
+        let result = f(&mut state);
+        let next = encode(&state, current);
+        if next == current {
+            return result;
+        }
+        match cas(current, next) {
+            Ok(()) => return result,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// [`cas_update`] for a [`WordCell`]'s encoding.
+#[inline]
+fn word_update<S: Word, R>(
+    current: u64,
+    cas: impl FnMut(u64, u64) -> Result<(), u64>,
+    f: impl FnMut(&mut S) -> R,
+) -> R {
+    cas_update(
+        current,
+        |w| S::from_word(w & !OCCUPIED),
+        |s, current| s.to_word() | (current & OCCUPIED),
+        cas,
+        f,
+    )
+}
 
 /// A one-word state for [`WordCell`]: must fit in 63 bits.
 pub(crate) trait Word: State + PartialEq + Copy {
@@ -99,25 +141,16 @@ impl<S: Word> Cell for WordCell<S> {
     }
 
     #[inline]
-    fn update<R>(&self, mut f: impl FnMut(&mut S) -> R) -> R {
-        let mut current = self.word.load(Ordering::Acquire);
-        loop {
-            let mut state = S::from_word(current & !OCCUPIED);
-            let result = f(&mut state);
-            let next = state.to_word() | (current & OCCUPIED);
-            if next == current {
-                return result;
-            }
-            match self.word.compare_exchange_weak(
-                current,
-                next,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return result,
-                Err(actual) => current = actual,
-            }
-        }
+    fn update<R>(&self, f: impl FnMut(&mut S) -> R) -> R {
+        word_update(
+            self.word.load(Ordering::Acquire),
+            |current, next| {
+                self.word
+                    .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+                    .map(drop)
+            },
+            f,
+        )
     }
 
     #[inline]
@@ -224,27 +257,24 @@ mod wide {
         }
 
         #[inline]
-        fn update<R>(&self, mut f: impl FnMut(&mut S) -> R) -> R {
-            let mut current = self.wide.load(Ordering::Acquire);
-            loop {
-                let (hi, lo) = split(current);
-                let mut state = S::from_wide(hi & !OCCUPIED, lo);
-                let result = f(&mut state);
-                let (new_hi, new_lo) = state.to_wide();
-                let next = join(new_hi | (hi & OCCUPIED), new_lo);
-                if next == current {
-                    return result;
-                }
-                match self.wide.compare_exchange_weak(
-                    current,
-                    next,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => return result,
-                    Err(actual) => current = actual,
-                }
-            }
+        fn update<R>(&self, f: impl FnMut(&mut S) -> R) -> R {
+            cas_update(
+                self.wide.load(Ordering::Acquire),
+                |v| {
+                    let (hi, lo) = split(v);
+                    S::from_wide(hi & !OCCUPIED, lo)
+                },
+                |state, current| {
+                    let (hi, lo) = state.to_wide();
+                    join(hi | (split(current).0 & OCCUPIED), lo)
+                },
+                |current, next| {
+                    self.wide
+                        .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+                        .map(drop)
+                },
+                f,
+            )
         }
 
         #[inline]
@@ -320,7 +350,25 @@ pub(crate) fn acquire<C: Cell>(
     cell.update(|state| state.acquire(quota, cost, now))
 }
 
-#[cfg(all(test, not(loom)))]
+/// One GCRA acquire through the same compare-and-swap loop and encoding as [`WordCell`], on
+/// a word the caller owns: exposed (hidden) so `tests/loom.rs` can run it on loom's atomics
+/// and explore every interleaving.
+#[doc(hidden)]
+pub fn model_gcra_acquire(
+    current: u64,
+    cas: impl FnMut(u64, u64) -> Result<(), u64>,
+    quota: &Quota,
+    cost: u64,
+    now: crate::clock::Nanos,
+) -> crate::Decision {
+    word_update::<Gcra, _>(current, cas, |state| state.acquire(quota, cost, now))
+}
+
+/// The value of a [`WordCell`] holding a fresh GCRA state, for the loom model test.
+#[doc(hidden)]
+pub const MODEL_GCRA_FRESH: u64 = OCCUPIED;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -347,29 +395,5 @@ mod tests {
         cell.update(|s| s.tat = 42);
         assert_eq!(cell.load().tat, 42);
         assert!(cell.is_occupied());
-    }
-}
-
-/// A bare GCRA [`WordCell`], exposed (hidden) so the loom model test in `tests/loom.rs` can
-/// explore every interleaving of its compare-and-swap loop.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct ModelGcraCell(GcraCell);
-
-impl ModelGcraCell {
-    /// A cell holding a full bucket.
-    pub fn new() -> Self {
-        ModelGcraCell(GcraCell::occupied(Gcra::default()))
-    }
-
-    /// Asks for `cost` units at `now`; returns whether they were granted.
-    pub fn acquire(&self, quota: &Quota, cost: u64, now: crate::clock::Nanos) -> bool {
-        acquire(&self.0, quota, cost, now).allowed
-    }
-}
-
-impl Default for ModelGcraCell {
-    fn default() -> Self {
-        Self::new()
     }
 }

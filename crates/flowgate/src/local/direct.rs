@@ -4,11 +4,12 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{
-    Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell, cell, decide, lag_of, per_algorithm,
+    Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell, cell, decide, lag_of,
+    per_algorithm, try_decide,
 };
 use crate::algorithm::State;
 use crate::clock::{Clock, MonotonicClock, Nanos};
-use crate::decision::Decision;
+use crate::decision::{Decision, Denied};
 use crate::quota::{Algorithm, InsufficientCapacity, Quota};
 
 /// The one cell of a direct limiter, of the type its algorithm needs.
@@ -52,6 +53,8 @@ pub struct RateLimiter<C: Clock = MonotonicClock> {
     clock: C,
     /// The clock's lag as a `Duration`, for the re-check rule in `decide`.
     lag: Duration,
+    /// The same lag in nanoseconds, for `try_decide`.
+    lag_nanos: Nanos,
     /// The state.
     cell: AnyCell,
 }
@@ -81,6 +84,7 @@ impl<C: Clock> RateLimiter<C> {
     pub fn with_clock(quota: Quota, clock: C) -> Self {
         RateLimiter {
             lag: lag_of(&clock),
+            lag_nanos: clock.max_lag(),
             cell: AnyCell::new(quota.algorithm()),
             quota,
             clock,
@@ -95,6 +99,28 @@ impl<C: Clock> RateLimiter<C> {
     /// The limiter's clock.
     pub fn clock(&self) -> &C {
         &self.clock
+    }
+
+    /// Asks for one unit, on the leanest path: `Ok(())` if granted, otherwise how long to wait.
+    /// Use [`check`](Self::check) when you also want `remaining` and `reset_after` (for
+    /// headers); this is what to call in a hot loop.
+    #[inline]
+    pub fn try_acquire(&self) -> Result<(), Denied> {
+        match &self.cell {
+            AnyCell::Gcra(c) => try_decide(&self.clock, self.lag_nanos, |now| {
+                c.update(|s| s.try_acquire(&self.quota, 1, now))
+            }),
+            _ => {
+                let decision = self.decide_other(1);
+                if decision.allowed {
+                    Ok(())
+                } else {
+                    Err(Denied {
+                        retry_after: decision.retry_after,
+                    })
+                }
+            }
+        }
     }
 
     /// Asks for one unit.
@@ -131,6 +157,17 @@ impl<C: Clock> RateLimiter<C> {
 
     #[inline]
     fn decide(&self, cost: u64) -> Decision {
+        // GCRA, the common choice, gets a path of its own small enough to inline into callers.
+        match &self.cell {
+            AnyCell::Gcra(c) => decide(&self.clock, self.lag, |now| {
+                cell::acquire(c, &self.quota, cost, now)
+            }),
+            _ => self.decide_other(cost),
+        }
+    }
+
+    #[inline(never)]
+    fn decide_other(&self, cost: u64) -> Decision {
         let quota = &self.quota;
         per_algorithm!(AnyCell, &self.cell, c => {
             decide(&self.clock, self.lag, |now| cell::acquire(c, quota, cost, now))
@@ -180,11 +217,17 @@ mod tests {
                 .unwrap();
             let clock = ManualClock::new(10_000_000_000);
             let limiter = RateLimiter::with_clock(quota, clock.clone());
-            for _ in 0..4 {
+            for _ in 0..3 {
                 assert!(limiter.check().allowed, "{algorithm}");
             }
+            assert_eq!(limiter.try_acquire(), Ok(()), "{algorithm}");
             let denied = limiter.check();
             assert!(!denied.allowed, "{algorithm}");
+            assert_eq!(
+                limiter.try_acquire().unwrap_err().retry_after,
+                denied.retry_after,
+                "{algorithm}"
+            );
             assert_eq!(limiter.peek().remaining, 0, "{algorithm}");
             clock.advance(Duration::from_secs(2));
             assert!(limiter.check().allowed, "{algorithm}");

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use super::table::{ShardedMap, TableStats};
 use super::{
-    Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell, cell, decide, lag_of, per_algorithm,
+    Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell, decide, lag_of, per_algorithm,
+    try_decide,
 };
 use crate::algorithm::State;
 use crate::clock::{Clock, MonotonicClock, Nanos};
-use crate::decision::Decision;
+use crate::decision::{Decision, Denied};
 use crate::quota::{Algorithm, InsufficientCapacity, Quota};
 
 /// Keys a [`KeyedRateLimiter`] holds by default before it makes room (see
@@ -55,6 +56,8 @@ pub struct KeyedRateLimiter<K, C: Clock = MonotonicClock> {
     clock: C,
     /// The clock's lag as a `Duration`, for the re-check rule in `decide`.
     lag: Duration,
+    /// The same lag in nanoseconds, for `try_decide`.
+    lag_nanos: Nanos,
     /// Per-key states.
     map: AnyMap<K>,
 }
@@ -113,6 +116,7 @@ impl<K: Hash + Eq, C: Clock> KeyedRateLimiterBuilder<K, C> {
         };
         KeyedRateLimiter {
             lag: lag_of(&self.clock),
+            lag_nanos: self.clock.max_lag(),
             quota: self.quota,
             clock: self.clock,
             map,
@@ -148,16 +152,16 @@ impl<K: Hash + Eq> KeyedRateLimiter<K, MonotonicClock> {
     }
 }
 
-/// Asks `key`'s cell in `map` for `cost` units at `now`; a key not yet held is judged on a
-/// fresh state and stored only if the decision changed that state.
+/// Applies the transition `f` to `key`'s state in `map`; a key not yet held is judged on a
+/// fresh state and stored only if `f` changed that state.
 #[inline]
-pub(crate) fn acquire_keyed<K, C, Q>(
+fn update_keyed<K, C, Q, R>(
     map: &ShardedMap<K, C>,
     key: &Q,
     quota: &Quota,
-    cost: u64,
     now: Nanos,
-) -> Decision
+    f: impl Fn(&mut C::State) -> R,
+) -> R
 where
     K: Hash + Eq + Borrow<Q>,
     C: Cell,
@@ -167,12 +171,12 @@ where
         key,
         now,
         |c| c.idle_at(quota),
-        |c| cell::acquire(c, quota, cost, now),
+        |c| c.update(&f),
         || {
             let mut state = C::State::default();
-            let decision = state.acquire(quota, cost, now);
+            let result = f(&mut state);
             let changed = state != C::State::default();
-            (decision, changed.then(|| C::occupied(state)))
+            (result, changed.then(|| C::occupied(state)))
         },
         Q::to_owned,
     )
@@ -182,6 +186,33 @@ impl<K: Hash + Eq, C: Clock> KeyedRateLimiter<K, C> {
     /// The quota each key gets.
     pub fn quota(&self) -> &Quota {
         &self.quota
+    }
+
+    /// Asks for one unit for `key` on the leanest path: `Ok(())` if granted, otherwise how
+    /// long to wait. [`check_key`](Self::check_key) also reports `remaining` and `reset_after`.
+    #[inline]
+    pub fn try_acquire_key<Q>(&self, key: &Q) -> Result<(), Denied>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match &self.map {
+            AnyMap::Gcra(m) => try_decide(&self.clock, self.lag_nanos, |now| {
+                update_keyed(m, key, &self.quota, now, |s| {
+                    s.try_acquire(&self.quota, 1, now)
+                })
+            }),
+            _ => {
+                let decision = self.decide(key, 1);
+                if decision.allowed {
+                    Ok(())
+                } else {
+                    Err(Denied {
+                        retry_after: decision.retry_after,
+                    })
+                }
+            }
+        }
     }
 
     /// Asks for one unit for `key`.
@@ -270,7 +301,9 @@ impl<K: Hash + Eq, C: Clock> KeyedRateLimiter<K, C> {
     {
         let quota = &self.quota;
         per_algorithm!(AnyMap, &self.map, m => {
-            decide(&self.clock, self.lag, |now| acquire_keyed(m, key, quota, cost, now))
+            decide(&self.clock, self.lag, |now| {
+                update_keyed(m, key, quota, now, |s| s.acquire(quota, cost, now))
+            })
         })
     }
 }
@@ -306,10 +339,12 @@ mod tests {
                 .unwrap();
             let (limiter, _) = limiter(quota, 1000);
             for key in 0..50u64 {
-                for _ in 0..3 {
+                for _ in 0..2 {
                     assert!(limiter.check_key(&key).allowed, "{algorithm}");
                 }
+                assert_eq!(limiter.try_acquire_key(&key), Ok(()), "{algorithm}");
                 assert!(!limiter.check_key(&key).allowed, "{algorithm}");
+                assert!(limiter.try_acquire_key(&key).is_err(), "{algorithm}");
             }
             assert_eq!(limiter.len(), 50);
             limiter.reset_key(&7);

@@ -33,7 +33,7 @@ pub(crate) use cell::{Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell
 #[doc(hidden)]
 pub mod __private {
     //! Internals exposed for the crate's loom model test only. Not a public API.
-    pub use super::cell::ModelGcraCell;
+    pub use super::cell::{MODEL_GCRA_FRESH, model_gcra_acquire};
 }
 
 /// Calls `$body` with `$c` bound to the inner value of whichever variant `$value` is, for enums
@@ -69,6 +69,39 @@ pub(crate) fn decide<C: crate::clock::Clock>(
     if decision.allowed || decision.retry_after > lag {
         decision
     } else {
-        f(clock.now())
+        recheck(clock, f)
     }
+}
+
+/// [`decide`] for the lean fast path: `f` grants (`Ok`) or returns the wait in nanoseconds.
+#[inline]
+pub(crate) fn try_decide<C: crate::clock::Clock>(
+    clock: &C,
+    lag: crate::clock::Nanos,
+    f: impl Fn(crate::clock::Nanos) -> Result<(), crate::clock::Nanos>,
+) -> Result<(), crate::Denied> {
+    match f(clock.recent()) {
+        Ok(()) => Ok(()),
+        Err(wait) if wait > lag => Err(crate::Denied::after(wait)),
+        Err(_) => try_recheck(clock, f),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn try_recheck<C: crate::clock::Clock>(
+    clock: &C,
+    f: impl Fn(crate::clock::Nanos) -> Result<(), crate::clock::Nanos>,
+) -> Result<(), crate::Denied> {
+    f(clock.now()).map_err(crate::Denied::after)
+}
+
+/// The rare second look of [`decide`], kept out of line so the common path stays small.
+#[cold]
+#[inline(never)]
+fn recheck<C: crate::clock::Clock>(
+    clock: &C,
+    f: impl Fn(crate::clock::Nanos) -> crate::Decision,
+) -> crate::Decision {
+    f(clock.now())
 }

@@ -9,7 +9,12 @@
 //! Slots hold the key and the cell side by side (16 bytes for a `u64` key and a GCRA cell), the
 //! table's capacity is not a power of two (a key's home slot is `hash × capacity >> 64`), and
 //! the load factor stays between 0.68 and 0.85, so a map of `u64` keys uses 19–24 bytes per
-//! key.
+//! key (`benches/memory_per_key.rs` measures 19.3 at a million keys; governor's map: 35.7).
+//!
+//! The one `unsafe` in the crate is here: a vacant slot's key is `MaybeUninit` rather than an
+//! `Option<K>`, because the option's tag would grow a `u64` slot from 16 to 24 bytes (≈ 29
+//! bytes per key instead of ≈ 19). The invariant — a slot's key is initialised exactly when its
+//! cell is occupied, and both change only through `&mut Table` — is stated where it is used.
 //!
 //! Memory is bounded: each shard holds at most `max_keys / shards` keys. To make room, a full
 //! shard first drops every idle key — one whose state has returned to that of a key never
@@ -229,7 +234,7 @@ impl<K, V: Cell> Drop for Table<K, V> {
 #[repr(align(128))]
 struct Shard<K, V: Cell>(RwLock<Table<K, V>>);
 
-/// How full a [`ShardedMap`] is and how often it had to evict active keys.
+/// How full a keyed limiter or memory store is, and how often it had to evict active keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TableStats {
     /// Keys currently held.

@@ -236,14 +236,15 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Drops every idle key now; returns how many.
     pub fn forget_idle(&self) -> usize {
-        let now = self.clock.now();
-        let idle = |t: &Tracked<_>| t.idle_at.load(Ordering::Relaxed);
-        let m = &self.maps;
-        m.gcra.sweep(now, idle)
-            + m.leaky.sweep(now, |t| t.idle_at.load(Ordering::Relaxed))
-            + m.fixed.sweep(now, |t| t.idle_at.load(Ordering::Relaxed))
-            + m.sliding.sweep(now, |t| t.idle_at.load(Ordering::Relaxed))
-            + m.log.sweep(now, |t| t.idle_at.load(Ordering::Relaxed))
+        fn sweep<C: Cell>(map: &Map<C>, now: Nanos) -> usize {
+            map.sweep(now, |t| t.idle_at.load(Ordering::Relaxed))
+        }
+        let (m, now) = (&self.maps, self.clock.now());
+        sweep(&m.gcra, now)
+            + sweep(&m.leaky, now)
+            + sweep(&m.fixed, now)
+            + sweep(&m.sliding, now)
+            + sweep(&m.log, now)
     }
 
     /// Keys held and memory used, summed over algorithms.

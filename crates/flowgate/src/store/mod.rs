@@ -5,13 +5,23 @@
 //! store serves any number of limits, and every store takes the same decisions for the same
 //! trace of calls — `tests/conformance.rs` runs one table of traces against each of them.
 
+pub mod fallback;
+#[cfg(feature = "redis")]
+pub mod hybrid;
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use fallback::{FallbackStats, FallbackStore, FallbackStoreBuilder};
+#[cfg(feature = "redis")]
+pub use hybrid::{HybridStore, HybridStoreBuilder};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
 
 use crate::decision::Decision;
 use crate::quota::{InsufficientCapacity, Quota};
@@ -186,33 +196,16 @@ impl<S: Store> DynStore for S {
 }
 
 impl Store for Arc<dyn DynStore> {
-    fn acquire(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        async move { (**self).acquire_boxed(key, quota, cost).await }
+    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
+        (**self).acquire_boxed(key, quota, cost).await
     }
-    fn acquire_many(
-        &self,
-        requests: &[Acquire<'_>],
-    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
-        async move { (**self).acquire_many_boxed(requests).await }
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
+        (**self).acquire_many_boxed(requests).await
     }
-    fn refund(
-        &self,
-        key: &str,
-        quota: &Quota,
-        units: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { (**self).refund_boxed(key, quota, units).await }
+    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+        (**self).refund_boxed(key, quota, units).await
     }
-    fn reset(
-        &self,
-        key: &str,
-        quota: &Quota,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { (**self).reset_boxed(key, quota).await }
+    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
+        (**self).reset_boxed(key, quota).await
     }
 }

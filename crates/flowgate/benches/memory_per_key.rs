@@ -1,0 +1,81 @@
+//! Bytes of heap per key for a keyed limiter of `u64` keys, Flowgate against governor, measured
+//! with a counting allocator: allocated bytes after checking N distinct keys, divided by N.
+//! The quota (1 per hour) keeps every key active, so Flowgate cannot drop idle keys to save
+//! memory: this is the cost of N live keys.
+//!
+//! `cargo bench -p flowgate --bench memory_per_key`
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // setup failures in a benchmark may panic
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use flowgate::Quota;
+use flowgate::local::KeyedRateLimiter;
+
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+#[allow(unsafe_code)]
+// SAFETY: forwards every call to the system allocator; only keeps a running byte count.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn bytes_per_key(n: u64, fill: impl FnOnce(u64) -> Box<dyn std::any::Any>) -> f64 {
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let limiter = fill(n);
+    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    drop(limiter);
+    (after - before) as f64 / n as f64
+}
+
+#[allow(clippy::print_stdout)]
+fn main() {
+    // `cargo bench` passes `--bench`; nothing to parse.
+    // Start flowgate's clock thread first so its allocations are not counted.
+    let _ = flowgate::clock::MonotonicClock::new();
+    println!("keys        flowgate B/key   governor B/key");
+    for n in [1_000u64, 100_000, 1_000_000, 4_000_000] {
+        let flowgate = bytes_per_key(n, |n| {
+            let l = KeyedRateLimiter::<u64>::builder(Quota::per_hour(1).unwrap())
+                .max_keys(2 * n as usize)
+                .build();
+            for k in 0..n {
+                l.check_key(&k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            }
+            assert_eq!(l.len() as u64, n);
+            Box::new(l)
+        });
+        let governor = bytes_per_key(n, |n| {
+            let l = governor::RateLimiter::keyed(governor::Quota::per_hour(NonZeroU32::MIN));
+            for k in 0..n {
+                let _ = l.check_key(&k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            }
+            Box::new(l)
+        });
+        println!("{n:<11} {flowgate:>14.1} {governor:>16.1}");
+    }
+}

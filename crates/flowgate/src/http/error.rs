@@ -1,0 +1,37 @@
+//! Errors of the rate-limit layer: a [`Policy`](super::Policy) that cannot be enforced.
+//!
+//! The layer itself never fails a request with an error: denials, rejected keys and store
+//! failures all become responses (429, 400/401, 503) with problem bodies, so the service's
+//! error type is the inner service's.
+
+use crate::quota::InsufficientCapacity;
+
+/// Why a [`Policy`](super::Policy) was refused when building the layer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The policy has no limits.
+    #[error("the policy has no limits")]
+    Empty,
+    /// A limit's name is not 1–64 of ASCII letters, digits, `-`, `_`, `.`, `/`.
+    #[error("limit name `{0}` must be 1-64 ASCII letters, digits, `-`, `_`, `.` or `/`")]
+    InvalidName(String),
+    /// Two limits share a name (their counters and headers would be confused).
+    #[error("two limits are named `{0}`")]
+    DuplicateName(String),
+    /// A tier value is empty, `*` (reserved for `otherwise`) or contains `:`.
+    #[error("limit `{limit}`: tier `{tier}` must be non-empty, not `*`, and contain no `:`")]
+    InvalidTier {
+        /// The limit.
+        limit: String,
+        /// The tier value.
+        tier: String,
+    },
+    /// A limit's cost exceeds one of its quotas' burst: no request could ever pass.
+    #[error("limit `{limit}`: {source}")]
+    CostExceedsBurst {
+        /// The limit.
+        limit: String,
+        /// The cost and the burst.
+        source: InsufficientCapacity,
+    },
+}

@@ -1,0 +1,125 @@
+//! [`ResponseFuture`]: the check, then the inner call, then the headers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::check::Verdict;
+use super::headers::Fields;
+
+/// The store's answer, boxed: store futures are opaque types.
+type Check = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+
+pin_project! {
+    /// The future of a [`RateLimit`](super::RateLimit) call.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        /// Waiting for the store; then the request goes to `service`.
+        Checking {
+            check: Check,
+            pending: Option<(S, Request<B>)>,
+        },
+        /// The inner service is working; its response gets `fields`.
+        Calling {
+            #[pin]
+            future: S::Future,
+            fields: Option<Fields>,
+        },
+        /// The layer answered itself.
+        Answered {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
+    pub(crate) fn check(check: Check, service: S, request: Request<B>) -> Self {
+        ResponseFuture {
+            state: State::Checking {
+                check,
+                pending: Some((service, request)),
+            },
+        }
+    }
+
+    pub(crate) fn call(future: S::Future, fields: Fields) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                fields: Some(fields),
+            },
+        }
+    }
+
+    pub(crate) fn answer(response: Response<Bytes>) -> Self {
+        ResponseFuture {
+            state: State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Checking { check, pending } => {
+                    let verdict = ready!(check.as_mut().poll(cx));
+                    let next = match (verdict, pending.take()) {
+                        (Verdict::Pass(fields), Some((mut service, request))) => State::Calling {
+                            future: service.call(request),
+                            fields: Some(fields),
+                        },
+                        (Verdict::Answer(response), _) => State::Answered {
+                            response: Some(response),
+                        },
+                        // `pending` is only taken here, and the state then changes.
+                        (Verdict::Pass(_), None) => State::Answered { response: None },
+                    };
+                    state.set(next);
+                }
+                StateProj::Calling { future, fields } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(fields) = fields.take() {
+                        fields.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+                StateProj::Answered { response } => {
+                    let response = response.take().unwrap_or_else(|| {
+                        let mut r = Response::new(Bytes::new());
+                        *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                        r
+                    });
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Key extractors: what a request is counted against.
+//!
+//! A [`KeyExtractor`] reads a request's head ([`Parts`]) and returns the key of the counter it
+//! draws on — the client's IP, an API key, a JWT claim, the route — or a [`KeyRejection`]
+//! (a 400/401 with a problem body, never a 500 for anything the client sent).
+//!
+//! | extractor | key | rejects |
+//! |---|---|---|
+//! | [`PeerIp`] | the connection's address (IPv6 by /64) | — |
+//! | [`ClientIp`] | the client's address behind trusted proxies | — |
+//! | [`Header`] | a header's value (an API key) | 401 when missing |
+//! | [`Route`] | the route template (`/users/{id}`), optionally with the method | — |
+//! | `JwtClaim` (feature `jwt`) | a claim of a verified token (`sub`, `plan`) | 401 |
+//! | [`Host`] | the target host (URI authority or `Host`) | 400 when absent |
+//! | [`Global`] | one fixed key: a limit for everyone together | — |
+//! | `(A, B)`, `(A, B, C)` | the parts joined with `|` | when a part does |
+//! | [`from_fn`] | anything you compute | as you decide |
+
+mod header;
+mod ip;
+#[cfg(feature = "jwt")]
+mod jwt;
+mod route;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use http::StatusCode;
+use http::request::Parts;
+
+pub use header::{DEFAULT_HEADER_MAX_LEN, Header};
+pub use ip::{ClientIp, ForwardedHeader, PeerAddr, PeerIp};
+#[cfg(feature = "jwt")]
+pub use jwt::{Jwt, JwtClaim};
+pub use route::{Route, RouteError, UNMATCHED_ROUTE};
+
+/// Why a key could not be extracted: the response the client gets (a problem body with this
+/// status and detail).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {detail}")]
+pub struct KeyRejection {
+    /// The response status: 400 for malformed input, 401 for missing or bad credentials.
+    pub status: StatusCode,
+    /// What was wrong, for the problem body's `detail`.
+    pub detail: Cow<'static, str>,
+}
+
+impl KeyRejection {
+    /// A rejection with `status`.
+    pub fn new(status: StatusCode, detail: impl Into<Cow<'static, str>>) -> Self {
+        KeyRejection {
+            status,
+            detail: detail.into(),
+        }
+    }
+
+    /// 400 Bad Request.
+    pub fn bad_request(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, detail)
+    }
+
+    /// 401 Unauthorized.
+    pub fn unauthorized(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, detail)
+    }
+}
+
+/// Reads the key a request is counted against from its head.
+///
+/// Implement it for your own keys, or wrap a closure with [`from_fn`].
+///
+/// ```
+/// use flowgate::http::key::{KeyExtractor, KeyRejection};
+/// use http::request::Parts;
+///
+/// /// The tenant from the `Host` header's first label: `acme.api.example` → `acme`.
+/// struct Tenant;
+///
+/// impl KeyExtractor for Tenant {
+///     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+///         let host = parts.headers.get(http::header::HOST)
+///             .and_then(|h| h.to_str().ok())
+///             .ok_or_else(|| KeyRejection::bad_request("no Host header"))?;
+///         Ok(host.split('.').next().unwrap_or(host).to_owned())
+///     }
+/// }
+/// ```
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key for this request, or why there is none.
+    fn extract(&self, parts: &Parts) -> Result<String, KeyRejection>;
+}
+
+impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
+    fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+        (**self).extract(parts)
+    }
+}
+
+impl<E: KeyExtractor + ?Sized> KeyExtractor for Box<E> {
+    fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+        (**self).extract(parts)
+    }
+}
+
+/// A [`KeyExtractor`] from a closure.
+///
+/// ```
+/// use flowgate::http::key::{from_fn, KeyRejection};
+/// let by_method = from_fn(|parts| Ok::<_, KeyRejection>(parts.method.to_string()));
+/// # let _ = by_method;
+/// ```
+pub fn from_fn<F>(f: F) -> FromFn<F>
+where
+    F: Fn(&Parts) -> Result<String, KeyRejection> + Send + Sync + 'static,
+{
+    FromFn(f)
+}
+
+/// See [`from_fn`].
+#[derive(Clone, Copy)]
+pub struct FromFn<F>(F);
+
+impl<F> std::fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FromFn")
+    }
+}
+
+impl<F> KeyExtractor for FromFn<F>
+where
+    F: Fn(&Parts) -> Result<String, KeyRejection> + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+        (self.0)(parts)
+    }
+}
+
+/// One key for every request: a limit shared by all clients together.
+#[derive(Debug, Clone)]
+pub struct Global(pub Cow<'static, str>);
+
+impl Default for Global {
+    fn default() -> Self {
+        Global(Cow::Borrowed("global"))
+    }
+}
+
+impl KeyExtractor for Global {
+    fn extract(&self, _parts: &Parts) -> Result<String, KeyRejection> {
+        Ok(self.0.clone().into_owned())
+    }
+}
+
+/// Keys requests by their target host: the URI's authority (`api.bank.example:443`), else the
+/// `Host` header; 400 when there is neither. The outbound layer's default key (one pace per
+/// upstream), and a per-virtual-host key on servers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Host;
+
+impl KeyExtractor for Host {
+    fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+        if let Some(authority) = parts.uri.authority() {
+            return Ok(authority.as_str().to_ascii_lowercase());
+        }
+        parts
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .filter(|h| !h.is_empty() && h.len() <= 255)
+            .map(str::to_ascii_lowercase)
+            .ok_or_else(|| KeyRejection::bad_request("the request names no host"))
+    }
+}
+
+/// Appends `part` to a composite key, escaping `|` and `\` so that different parts can never
+/// join into the same key.
+fn push_part(key: &mut String, part: &str) {
+    if !key.is_empty() {
+        key.push('|');
+    }
+    for c in part.chars() {
+        if c == '|' || c == '\\' {
+            key.push('\\');
+        }
+        key.push(c);
+    }
+}
+
+macro_rules! composite {
+    ($($name:ident),+) => {
+        /// The parts' keys joined with `|` (each part's `|` and `\` escaped); rejects when any
+        /// part rejects.
+        impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+                let ($($name,)+) = self;
+                let mut key = String::new();
+                $(push_part(&mut key, &$name.extract(parts)?);)+
+                Ok(key)
+            }
+        }
+    };
+}
+composite!(A, B);
+composite!(A, B, C);
+composite!(A, B, C, D);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts() -> Parts {
+        http::Request::new(()).into_parts().0
+    }
+
+    #[test]
+    fn composite_keys_escape_their_separator() {
+        let a = (Global("x|y".into()), Global("z".into()));
+        let b = (Global("x".into()), Global("y|z".into()));
+        let (ka, kb) = (a.extract(&parts()).unwrap(), b.extract(&parts()).unwrap());
+        assert_eq!(ka, r"x\|y|z");
+        assert_ne!(ka, kb);
+        let rejecting = (
+            Global::default(),
+            from_fn(|_| Err(KeyRejection::unauthorized("no"))),
+        );
+        assert_eq!(
+            rejecting.extract(&parts()).unwrap_err().status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

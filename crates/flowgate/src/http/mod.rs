@@ -1,0 +1,107 @@
+//! HTTP integration (feature `tower`): a tower rate-limit layer for axum, hyper and tonic, the
+//! IETF `RateLimit` headers, key extractors that find the real client behind proxies, and an
+//! outbound layer that paces a client's own calls.
+//!
+//! * [`RateLimitLayer`] / [`RateLimit`]: checks each request against a [`Policy`] — one or more
+//!   [`Limit`]s, each with a [key extractor](key) and a quota (or quotas per tier) — in any
+//!   [`Store`](crate::store::Store). A request passes only if every limit allows it.
+//! * [`headers`]: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10),
+//!   legacy `X-RateLimit-*`, `Retry-After` rounded up.
+//! * [`problem`]: RFC 9457 `application/problem+json` bodies (`…#quota-exceeded` with
+//!   `violated-policies`), or gRPC statuses for gRPC requests.
+//! * [`key`]: peer IP, client IP behind trusted proxies, header, JWT claim, route, composites.
+//! * [`outbound`]: a client-side layer that waits its turn (FIFO, bounded delay) and honours
+//!   an upstream's `Retry-After`.
+//!
+//! # Example (axum)
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
+//! use flowgate::{http::{key::{ClientIp, Header}, Limit, Policy, RateLimitLayer}, store::MemoryStore, Quota};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = Policy::new()
+//!     // Per client IP, believing X-Forwarded-For only from our load balancers:
+//!     .limit(Limit::new("per-ip", ClientIp::new(["10.0.0.0/8".parse()?]), Quota::per_second(50)?))
+//!     // Per API key, by plan:
+//!     .limit(
+//!         Limit::tiered(
+//!             "per-key",
+//!             Header::new(http::HeaderName::from_static("x-api-key")),
+//!             Header::new(http::HeaderName::from_static("x-plan")),
+//!         )
+//!         .tier("free", Quota::per_second(10)?.with_burst(20)?)
+//!         .tier("enterprise", Quota::per_second(500)?.with_burst(1000)?),
+//!     );
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(MemoryStore::new(), policy)?);
+//! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+//! # let _ = app.into_make_service_with_connect_info::<SocketAddr>();
+//! # Ok(()) }
+//! ```
+//!
+//! # Where the layer goes
+//!
+//! Requests travel inward through the layers and responses outward. Put the rate-limit layer
+//! *outside* whatever is expensive (authentication that hits a database, the handler) so that
+//! floods are turned away cheaply, and *inside* the timeout so that a slow store cannot hold a
+//! request past its deadline:
+//!
+//! ```text
+//!            request                                           response
+//!               │                                                 ▲
+//!   ┌───────────▼─────────────────────────────────────────────────┴──────────┐
+//!   │ tracing / metrics          sees every request, including 429s          │
+//!   │ ┌─────────────────────────────────────────────────────────────────────┐│
+//!   │ │ timeout                  bounds the whole request, limit included   ││
+//!   │ │ ┌─────────────────────────────────────────────────────────────────┐ ││
+//!   │ │ │ RateLimitLayer        429 / 503 here; adds RateLimit headers    │ ││
+//!   │ │ │ ┌─────────────────────────────────────────────────────────────┐ │ ││
+//!   │ │ │ │ authentication       only requests within the limit get here│ │ ││
+//!   │ │ │ │ ┌─────────────────────────────────────────────────────────┐ │ │ ││
+//!   │ │ │ │ │ handler                                                 │ │ │ ││
+//!   │ │ │ │ └─────────────────────────────────────────────────────────┘ │ │ ││
+//!   │ │ │ └─────────────────────────────────────────────────────────────┘ │ ││
+//!   │ │ └─────────────────────────────────────────────────────────────────┘ ││
+//!   │ └─────────────────────────────────────────────────────────────────────┘│
+//!   └────────────────────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! Limits keyed by a verified identity (a JWT claim) verify the token themselves, so they can
+//! sit outside authentication too; a limit keyed by something your authentication layer
+//! computes (a user id in request extensions) must sit inside it — add a second
+//! `RateLimitLayer` there. In axum, layers added later wrap the earlier ones:
+//! `Router::new().layer(auth).layer(rate_limit).layer(timeout)` gives the onion above. A layer
+//! added with `Router::layer` runs before routing; to key by axum's `MatchedPath`, use
+//! `route_layer` (or [`key::Route`] with your templates, which works anywhere).
+//!
+//! # Store failures
+//!
+//! A transient store error (timeout, store unreachable) answers 503 with a problem body by
+//! default (fail closed); with
+//! [`on_store_error(FailMode::Open)`](RateLimitLayerBuilder::on_store_error) the request passes
+//! with `Flowgate-Fallback: open`, and both are counted in [`RateLimitStats`]. Decisions a
+//! fallback store made locally are marked `Flowgate-Fallback: local`.
+
+mod body;
+mod check;
+mod error;
+mod future;
+pub mod headers;
+pub mod key;
+mod layer;
+pub mod outbound;
+mod policy;
+pub mod problem;
+mod service;
+mod stats;
+
+pub use body::ResponseBody;
+pub use error::PolicyError;
+pub use future::ResponseFuture;
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use policy::{Limit, Policy};
+pub use service::RateLimit;
+pub use stats::{RateLimitStats, StatsSnapshot};

@@ -1,0 +1,373 @@
+//! [`Policy`]: which limits a request is checked against, with which key and quota.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http::request::Parts;
+
+use super::error::PolicyError;
+use super::headers::policy_item;
+use super::key::{KeyExtractor, KeyRejection};
+use crate::quota::Quota;
+
+/// A quota and its `RateLimit-Policy` item, formatted once.
+#[derive(Debug, Clone)]
+struct Priced {
+    /// The quota.
+    quota: Quota,
+    /// `"name";q=…;w=…`.
+    item: HeaderValue,
+}
+
+impl Priced {
+    fn new(name: &str, quota: Quota) -> Self {
+        let item = HeaderValue::from_maybe_shared(Bytes::from(policy_item(name, &quota)))
+            .unwrap_or(HeaderValue::from_static(""));
+        Priced { quota, item }
+    }
+}
+
+/// How a limit picks its quota.
+enum Quotas {
+    /// The same quota for every key.
+    One(Priced),
+    /// A quota per tier, the tier read from the request.
+    Tiered {
+        /// Reads the tier (`free`, `enterprise`, a route template).
+        tier: Box<dyn KeyExtractor>,
+        /// Quota per tier value.
+        tiers: HashMap<String, Priced>,
+        /// The quota for a tier not in `tiers`; `None` skips the limit for such requests.
+        otherwise: Option<Priced>,
+    },
+}
+
+/// One limit of a [`Policy`]: a name (shown to clients in the `RateLimit` headers), a key
+/// extractor, and a quota — the same for everyone, or one per tier.
+///
+/// ```
+/// use flowgate::{http::{key::{Header, PeerIp}, Limit}, Quota};
+///
+/// let per_ip = Limit::new("per-ip", PeerIp::new(), Quota::per_second(50)?);
+/// // Free 10 r/s burst 20, Enterprise 500 r/s burst 1000, by the X-Plan header.
+/// let per_key = Limit::tiered(
+///         "per-key",
+///         Header::new(http::HeaderName::from_static("x-api-key")),
+///         Header::new(http::HeaderName::from_static("x-plan")),
+///     )
+///     .tier("free", Quota::per_second(10)?.with_burst(20)?)
+///     .tier("enterprise", Quota::per_second(500)?.with_burst(1000)?);
+/// # let _ = (per_ip, per_key);
+/// # Ok::<(), flowgate::QuotaError>(())
+/// ```
+pub struct Limit {
+    /// The policy name: letters, digits, `-`, `_`, `.` and `/`.
+    name: Arc<str>,
+    /// Reads the counter's key.
+    key: Box<dyn KeyExtractor>,
+    /// The quota, or quotas by tier.
+    quotas: Quotas,
+    /// Units a request takes.
+    cost: u64,
+    /// Counted but never denies (to try a limit out on live traffic).
+    shadow: bool,
+}
+
+impl std::fmt::Debug for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("cost", &self.cost)
+            .field("shadow", &self.shadow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limit {
+    /// Every key gets `quota`.
+    pub fn new(name: impl Into<String>, key: impl KeyExtractor, quota: Quota) -> Self {
+        let name: Arc<str> = name.into().into();
+        Limit {
+            quotas: Quotas::One(Priced::new(&name, quota)),
+            name,
+            key: Box::new(key),
+            cost: 1,
+            shadow: false,
+        }
+    }
+
+    /// Each key's quota depends on its tier, read by `tier` (a plan claim, a header, the
+    /// route); add tiers with [`tier`](Self::tier). A request whose tier is unknown is not
+    /// checked against this limit unless [`otherwise`](Self::otherwise) gives a quota for it;
+    /// a request whose tier cannot be read at all is rejected as `tier` says.
+    pub fn tiered(
+        name: impl Into<String>,
+        key: impl KeyExtractor,
+        tier: impl KeyExtractor,
+    ) -> Self {
+        Limit {
+            name: name.into().into(),
+            key: Box::new(key),
+            quotas: Quotas::Tiered {
+                tier: Box::new(tier),
+                tiers: HashMap::new(),
+                otherwise: None,
+            },
+            cost: 1,
+            shadow: false,
+        }
+    }
+
+    /// The quota for tier `value`. (Ignored on a limit made with [`new`](Self::new).)
+    pub fn tier(mut self, value: impl Into<String>, quota: Quota) -> Self {
+        if let Quotas::Tiered { tiers, .. } = &mut self.quotas {
+            tiers.insert(value.into(), Priced::new(&self.name, quota));
+        }
+        self
+    }
+
+    /// The quota for tiers not named with [`tier`](Self::tier).
+    pub fn otherwise(mut self, quota: Quota) -> Self {
+        if let Quotas::Tiered { otherwise, .. } = &mut self.quotas {
+            *otherwise = Some(Priced::new(&self.name, quota));
+        }
+        self
+    }
+
+    /// Units each request takes (default 1). Must fit every quota's burst.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Counts requests without ever denying them, and leaves the limit out of the headers.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn quotas(&self) -> Vec<(Option<&str>, &Quota)> {
+        match &self.quotas {
+            Quotas::One(p) => vec![(None, &p.quota)],
+            Quotas::Tiered {
+                tiers, otherwise, ..
+            } => tiers
+                .iter()
+                .map(|(t, p)| (Some(t.as_str()), &p.quota))
+                .chain(otherwise.iter().map(|p| (None, &p.quota)))
+                .collect(),
+        }
+    }
+}
+
+/// The limits a request is checked against. A request passes only if every limit (shadow
+/// limits aside) allows it; units taken from the limits that allowed are given back when
+/// another denies.
+#[derive(Debug, Default)]
+pub struct Policy {
+    /// The limits, in the order they are reported.
+    limits: Vec<Limit>,
+}
+
+/// One limit as it applies to one request: the store key, the quota and the cost.
+#[derive(Debug, Clone)]
+pub(crate) struct Applied {
+    /// The limit's name.
+    pub(crate) name: Arc<str>,
+    /// `name:tier:key`: the limit's name and tier keep counters of different limits and tiers
+    /// apart (names and tiers hold no `:`, so the split is unambiguous).
+    pub(crate) store_key: String,
+    /// The quota that applies.
+    pub(crate) quota: Quota,
+    /// Its `RateLimit-Policy` item.
+    pub(crate) policy_item: HeaderValue,
+    /// Units the request takes.
+    pub(crate) cost: u64,
+    /// Whether the limit may deny.
+    pub(crate) enforced: bool,
+}
+
+impl Policy {
+    /// An empty policy; add limits with [`limit`](Self::limit).
+    pub fn new() -> Self {
+        Policy::default()
+    }
+
+    /// A policy of one limit for everyone together: `quota` shared by all requests.
+    pub fn global(quota: Quota) -> Self {
+        Policy::new().limit(Limit::new("global", super::key::Global::default(), quota))
+    }
+
+    /// Adds a limit.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> impl Iterator<Item = &Limit> {
+        self.limits.iter()
+    }
+
+    /// Checks names, tiers and costs: every name is a valid, unique policy identifier and every
+    /// cost fits its quotas' bursts, so no request can fail on them later.
+    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
+        if self.limits.is_empty() {
+            return Err(PolicyError::Empty);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for limit in &self.limits {
+            let name = limit.name();
+            if !valid_name(name) {
+                return Err(PolicyError::InvalidName(name.to_owned()));
+            }
+            if !seen.insert(name) {
+                return Err(PolicyError::DuplicateName(name.to_owned()));
+            }
+            for (tier, quota) in limit.quotas() {
+                // `*` is the store-key tier of `otherwise`.
+                if let Some(tier) = tier.filter(|t| t.is_empty() || *t == "*" || t.contains(':')) {
+                    return Err(PolicyError::InvalidTier {
+                        limit: name.to_owned(),
+                        tier: tier.to_owned(),
+                    });
+                }
+                quota
+                    .check_cost(limit.cost)
+                    .map_err(|source| PolicyError::CostExceedsBurst {
+                        limit: name.to_owned(),
+                        source,
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The limits that apply to a request, or the first key extractor's rejection (with the
+    /// limit's name).
+    pub(crate) fn apply(&self, parts: &Parts) -> Result<Vec<Applied>, KeyRejection> {
+        let mut applied = Vec::with_capacity(self.limits.len());
+        for limit in &self.limits {
+            let (tier, priced) = match &limit.quotas {
+                Quotas::One(p) => ("", p),
+                Quotas::Tiered {
+                    tier,
+                    tiers,
+                    otherwise,
+                } => {
+                    let value = tier.extract(parts)?;
+                    match tiers.get_key_value(value.as_str()) {
+                        Some((t, p)) => (t.as_str(), p),
+                        None => match otherwise {
+                            Some(p) => ("*", p),
+                            None => continue,
+                        },
+                    }
+                }
+            };
+            let key = limit.key.extract(parts)?;
+            let mut store_key =
+                String::with_capacity(limit.name.len() + tier.len() + key.len() + 2);
+            store_key.push_str(&limit.name);
+            store_key.push(':');
+            store_key.push_str(tier);
+            store_key.push(':');
+            store_key.push_str(&key);
+            applied.push(Applied {
+                name: limit.name.clone(),
+                store_key,
+                quota: priced.quota,
+                policy_item: priced.item.clone(),
+                cost: limit.cost,
+                enforced: !limit.shadow,
+            });
+        }
+        Ok(applied)
+    }
+}
+
+/// Policy names are shown to clients as sf-strings and are part of store keys: ASCII letters,
+/// digits, `-`, `_`, `.` and `/`, 1 to 64 of them.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::key::{Global, Header};
+
+    #[test]
+    fn bad_policies_are_rejected_when_built() {
+        let q = Quota::per_second(5).unwrap();
+        assert_eq!(Policy::new().validate(), Err(PolicyError::Empty));
+        let bad = Policy::new().limit(Limit::new("a:b", Global::default(), q));
+        assert!(matches!(bad.validate(), Err(PolicyError::InvalidName(_))));
+        let dup = Policy::new()
+            .limit(Limit::new("a", Global::default(), q))
+            .limit(Limit::new("a", Global::default(), q));
+        assert!(matches!(dup.validate(), Err(PolicyError::DuplicateName(_))));
+        let costly = Policy::new().limit(Limit::new("a", Global::default(), q).cost(6));
+        assert!(matches!(
+            costly.validate(),
+            Err(PolicyError::CostExceedsBurst { .. })
+        ));
+        let tier = Policy::new()
+            .limit(Limit::tiered("t", Global::default(), Global::default()).tier("x:y", q));
+        assert!(matches!(
+            tier.validate(),
+            Err(PolicyError::InvalidTier { .. })
+        ));
+    }
+
+    #[test]
+    fn tiers_pick_quotas_and_unknown_tiers_skip_or_fall_back() {
+        let (free, pro) = (
+            Quota::per_second(10).unwrap(),
+            Quota::per_second(100).unwrap(),
+        );
+        let plan = || Header::new(http::HeaderName::from_static("x-plan"));
+        let policy = Policy::new()
+            .limit(
+                Limit::tiered("plan", Global::default(), plan())
+                    .tier("free", free)
+                    .tier("pro", pro),
+            )
+            .limit(Limit::new("all", Global("everyone".into()), pro).shadow(true));
+        let parts = |p: &str| {
+            http::Request::builder()
+                .header("x-plan", p)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0
+        };
+        let applied = policy.apply(&parts("pro")).unwrap();
+        assert_eq!(applied[0].quota, pro);
+        assert_eq!(applied[0].store_key, "plan:pro:global");
+        assert_eq!(applied[1].store_key, "all::everyone");
+        assert!(!applied[1].enforced);
+        assert_eq!(policy.apply(&parts("gold")).unwrap().len(), 1);
+        let policy = Policy::new().limit(
+            Limit::tiered("plan", Global::default(), plan())
+                .tier("free", free)
+                .otherwise(free),
+        );
+        assert_eq!(
+            policy.apply(&parts("gold")).unwrap()[0].store_key,
+            "plan:*:global"
+        );
+        let none = http::Request::new(()).into_parts().0;
+        assert_eq!(policy.apply(&none).unwrap_err().status, 401);
+    }
+}

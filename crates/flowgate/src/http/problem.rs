@@ -1,0 +1,160 @@
+//! Error responses as RFC 9457 problem details (`application/problem+json`), and their gRPC
+//! equivalent for gRPC requests.
+//!
+//! ```text
+//! HTTP/1.1 429 Too Many Requests
+//! Content-Type: application/problem+json
+//! Cache-Control: no-store
+//! Retry-After: 2
+//!
+//! {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+//!  "title":"Too Many Requests","status":429,
+//!  "detail":"quota exceeded for per-ip; retry in 2 s","violated-policies":["per-ip"]}
+//! ```
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use http::{Response, StatusCode};
+
+/// The problem type for a request over quota, defined by draft-ietf-httpapi-ratelimit-headers
+/// with the extension member `violated-policies`.
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// `application/problem+json`.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem: what went wrong, as a response a client can parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The problem type URI; `about:blank` when the status says it all.
+    pub type_uri: &'static str,
+    /// A short, human-readable summary of the problem type.
+    pub title: String,
+    /// What happened to this request.
+    pub detail: String,
+    /// For [`QUOTA_EXCEEDED`]: the names of the limits the request exceeded.
+    pub violated_policies: Vec<String>,
+}
+
+impl Problem {
+    /// 429: the request exceeds the named limits.
+    pub fn quota_exceeded(violated_policies: Vec<String>, retry_after_secs: u64) -> Self {
+        Problem {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            type_uri: QUOTA_EXCEEDED,
+            title: "Too Many Requests".into(),
+            detail: format!(
+                "quota exceeded for {}; retry in {} s",
+                violated_policies.join(", "),
+                retry_after_secs.max(1)
+            ),
+            violated_policies,
+        }
+    }
+
+    /// A problem that the status code describes (`about:blank`), with a detail.
+    pub fn status(status: StatusCode, detail: impl Into<String>) -> Self {
+        Problem {
+            status,
+            type_uri: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error").into(),
+            detail: detail.into(),
+            violated_policies: Vec::new(),
+        }
+    }
+
+    /// The body: a JSON object with `type`, `title`, `status`, `detail` and, when set,
+    /// `violated-policies`.
+    pub fn to_json(&self) -> Bytes {
+        let mut body = serde_json::json!({
+            "type": self.type_uri,
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        if !self.violated_policies.is_empty() {
+            body["violated-policies"] = serde_json::json!(self.violated_policies);
+        }
+        Bytes::from(body.to_string())
+    }
+
+    /// The problem as an HTTP response: its status, `Content-Type: application/problem+json`,
+    /// `Cache-Control: no-store` (a 429 or 503 must not be served from a cache) and the JSON
+    /// body.
+    pub fn into_response(self) -> Response<Bytes> {
+        let mut response = Response::new(self.to_json());
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+
+    /// The problem as a gRPC "trailers-only" response: HTTP 200 with `grpc-status` and
+    /// `grpc-message` in the headers and no body, which gRPC clients read as a call status
+    /// (429 → `RESOURCE_EXHAUSTED`, 503 → `UNAVAILABLE`, 401 → `UNAUTHENTICATED`, …).
+    pub fn into_grpc_response(self) -> Response<Bytes> {
+        let code: u16 = match self.status {
+            StatusCode::TOO_MANY_REQUESTS => 8,
+            StatusCode::SERVICE_UNAVAILABLE => 14,
+            StatusCode::UNAUTHORIZED => 16,
+            StatusCode::FORBIDDEN => 7,
+            s if s.is_client_error() => 3,
+            _ => 13,
+        };
+        let mut response = Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert("grpc-status", HeaderValue::from(code));
+        let message = percent_encode_grpc(&self.detail);
+        if let Ok(v) = HeaderValue::from_str(&message) {
+            headers.insert("grpc-message", v);
+        }
+        response
+    }
+}
+
+/// Percent-encodes a `grpc-message` as the gRPC HTTP/2 spec asks: bytes outside printable
+/// ASCII, and `%`, become `%XX`.
+fn percent_encode_grpc(message: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_exceeded_is_a_parsable_problem() {
+        let response =
+            Problem::quota_exceeded(vec!["per-ip".into(), "per-key".into()], 0).into_response();
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(response.headers()[CACHE_CONTROL], "no-store");
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(body["type"], QUOTA_EXCEEDED);
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["violated-policies"][1], "per-key");
+        assert!(body["detail"].as_str().unwrap().contains("retry in 1 s"));
+    }
+
+    #[test]
+    fn grpc_responses_carry_the_status_in_headers() {
+        let response = Problem::status(StatusCode::SERVICE_UNAVAILABLE, "store down 100%")
+            .into_grpc_response();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["grpc-status"], "14");
+        assert_eq!(response.headers()["grpc-message"], "store down 100%25");
+    }
+}

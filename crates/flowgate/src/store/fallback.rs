@@ -1,0 +1,574 @@
+//! [`FallbackStore`]: what to decide when the shared store cannot answer.
+//!
+//! Wraps any [`Store`] (typically a [`RedisStore`](crate::store::RedisStore)). On a *transient*
+//! error (timeout, unreachable) a request is decided by its [`FailMode`] instead of failing:
+//!
+//! * [`Open`](FailMode::Open): allowed, reported as if the limit were untouched;
+//! * [`Closed`](FailMode::Closed): denied, with `retry_after` the time until the store is tried
+//!   again;
+//! * [`Local`](FailMode::Local): decided by an in-process [`MemoryStore`] holding this
+//!   instance's share of the quota: `limit / instances` and `burst / instances` (at least 1),
+//!   where `instances` is how many service instances share the store. Together the instances
+//!   then admit about the quota while the store is away.
+//!
+//! Every such decision has [`Decision::fallback`] set to the mode used, and is counted in
+//! [`FallbackStats`] (for metrics). Errors that retrying cannot fix (a cost above the burst, a
+//! script error) are returned as they are.
+//!
+//! A **circuit breaker** keeps a dead store from costing a timeout on every call: after
+//! `failure_threshold` consecutive transient failures it opens, and calls fall back at once,
+//! without touching the store. Every `open_for` one call is let through as a probe; when it
+//! succeeds the breaker closes and everything goes to the store again. So an outage costs at
+//! most a timeout for the first few calls and one probe per `open_for` after that, and recovery
+//! takes at most `open_for` once the store is back.
+//!
+//! The [`Store`] methods use the default mode ([`FallbackStoreBuilder::fail`]);
+//! [`FallbackStore::acquire_many_with`] takes a mode per request, for a service whose
+//! configuration sets `fail` per limit.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use flowgate::{store::{FallbackStore, MemoryStore, Store}, FailMode, Quota};
+//! // Any store works; in production this wraps a RedisStore.
+//! let store = FallbackStore::builder(MemoryStore::new())
+//!     .fail(FailMode::Local)
+//!     .instances(4)
+//!     .build();
+//! let decision = store.acquire("tenant:1", &Quota::per_minute(100)?, 1).await?;
+//! assert_eq!(decision.fallback, None); // the store answered
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{Acquire, MemoryStore, Store, StoreError};
+use crate::clock::{Clock, MonotonicClock, Nanos, nanos};
+use crate::decision::{Decision, FailMode};
+use crate::quota::Quota;
+
+/// Consecutive transient failures that open the breaker, by default.
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
+
+/// How long the breaker stays open before a probe, by default.
+pub const DEFAULT_OPEN_FOR: Duration = Duration::from_millis(200);
+
+/// A [`Store`] that falls back to a [`FailMode`] when the wrapped store fails transiently, with
+/// a circuit breaker. See the [module docs](self).
+#[derive(Debug)]
+pub struct FallbackStore<S, C: Clock = MonotonicClock> {
+    /// The shared store being protected.
+    inner: S,
+    /// Mode for the plain [`Store`] methods.
+    default_mode: FailMode,
+    /// Service instances sharing the store: the local limiter's quota is divided by it.
+    instances: u64,
+    /// This instance's own limits, used while the store is away in [`FailMode::Local`].
+    local: MemoryStore<C>,
+    /// Reads time for the breaker.
+    clock: C,
+    breaker: Breaker,
+    counters: Counters,
+}
+
+/// Builds a [`FallbackStore`].
+#[derive(Debug)]
+pub struct FallbackStoreBuilder<S, C = MonotonicClock> {
+    inner: S,
+    clock: C,
+    default_mode: FailMode,
+    instances: u64,
+    failure_threshold: u32,
+    open_for: Duration,
+}
+
+impl<S: Store> FallbackStore<S> {
+    /// A builder wrapping `inner`: fail open, one instance, a breaker opening after
+    /// [`DEFAULT_FAILURE_THRESHOLD`] failures for [`DEFAULT_OPEN_FOR`].
+    pub fn builder(inner: S) -> FallbackStoreBuilder<S> {
+        FallbackStoreBuilder {
+            inner,
+            clock: MonotonicClock::new(),
+            default_mode: FailMode::Open,
+            instances: 1,
+            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            open_for: DEFAULT_OPEN_FOR,
+        }
+    }
+}
+
+impl<S: Store> FallbackStoreBuilder<S> {
+    /// Reads time from `clock` (the breaker's and the local limiter's).
+    pub fn clock<C: Clock + Clone>(self, clock: C) -> FallbackStoreBuilder<S, C> {
+        FallbackStoreBuilder {
+            inner: self.inner,
+            clock,
+            default_mode: self.default_mode,
+            instances: self.instances,
+            failure_threshold: self.failure_threshold,
+            open_for: self.open_for,
+        }
+    }
+}
+
+impl<S: Store, C: Clock + Clone> FallbackStoreBuilder<S, C> {
+    /// The mode for the [`Store`] methods (default [`FailMode::Open`]).
+    pub fn fail(mut self, mode: FailMode) -> Self {
+        self.default_mode = mode;
+        self
+    }
+
+    /// How many service instances share the store (default 1): [`FailMode::Local`] grants each
+    /// instance `1 / instances` of every quota.
+    pub fn instances(mut self, instances: u64) -> Self {
+        self.instances = instances.max(1);
+        self
+    }
+
+    /// Consecutive transient failures that open the breaker (default 3; at least 1).
+    pub fn failure_threshold(mut self, failures: u32) -> Self {
+        self.failure_threshold = failures.max(1);
+        self
+    }
+
+    /// How long the breaker stays open before letting a probe through (default 200 ms).
+    pub fn open_for(mut self, open_for: Duration) -> Self {
+        self.open_for = open_for;
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> FallbackStore<S, C> {
+        FallbackStore {
+            inner: self.inner,
+            default_mode: self.default_mode,
+            instances: self.instances,
+            local: MemoryStore::builder().clock(self.clock.clone()).build(),
+            clock: self.clock,
+            breaker: Breaker {
+                open_until: AtomicU64::new(0),
+                failures: AtomicU32::new(0),
+                threshold: self.failure_threshold,
+                open_for: nanos(self.open_for).max(1),
+            },
+            counters: Counters::default(),
+        }
+    }
+}
+
+/// The circuit breaker's whole state is one time stamp: 0 while closed, else the time until
+/// which calls do not go to the store. The caller that first finds it passed moves it one
+/// `open_for` further and probes; so does the next one if the probe is lost.
+#[derive(Debug)]
+struct Breaker {
+    /// 0 when closed; otherwise no call before this time goes to the store.
+    open_until: AtomicU64,
+    /// Consecutive transient failures while closed.
+    failures: AtomicU32,
+    /// Failures that open the breaker.
+    threshold: u32,
+    /// How long it stays open between probes, in ns.
+    open_for: Nanos,
+}
+
+impl Breaker {
+    /// Whether a call at `now` may go to the store (as a normal call, or as the probe).
+    fn admit(&self, now: Nanos) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        until <= now
+            && self
+                .open_until
+                .compare_exchange(
+                    until,
+                    now + self.open_for,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+    }
+
+    fn success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        if self.open_until.load(Ordering::Relaxed) != 0 {
+            self.open_until.store(0, Ordering::Release);
+        }
+    }
+
+    /// Records a transient failure; returns whether it opened the breaker.
+    fn failure(&self, now: Nanos) -> bool {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < self.threshold {
+            return false;
+        }
+        // Closed → open; when already open (a failed probe) `admit` has moved the time on.
+        self.open_until
+            .compare_exchange(0, now + self.open_for, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Relaxed) != 0
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    open: AtomicU64,
+    closed: AtomicU64,
+    local: AtomicU64,
+    store_errors: AtomicU64,
+    short_circuited: AtomicU64,
+    breaker_opened: AtomicU64,
+}
+
+/// Counts since the store was built, for metrics (e.g.
+/// `flowgate_fallback_decisions_total{mode="open"}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FallbackStats {
+    /// Requests allowed by [`FailMode::Open`].
+    pub open: u64,
+    /// Requests denied by [`FailMode::Closed`].
+    pub closed: u64,
+    /// Requests decided by the local limiter ([`FailMode::Local`]).
+    pub local: u64,
+    /// Calls to the store that failed transiently.
+    pub store_errors: u64,
+    /// Requests that fell back without trying the store because the breaker was open.
+    pub short_circuited: u64,
+    /// Times the breaker opened.
+    pub breaker_opened: u64,
+    /// Whether the breaker is open now.
+    pub breaker_open: bool,
+}
+
+impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Counts of fallback decisions and breaker events so far.
+    pub fn stats(&self) -> FallbackStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FallbackStats {
+            open: get(&c.open),
+            closed: get(&c.closed),
+            local: get(&c.local),
+            store_errors: get(&c.store_errors),
+            short_circuited: get(&c.short_circuited),
+            breaker_opened: get(&c.breaker_opened),
+            breaker_open: self.breaker.is_open(),
+        }
+    }
+
+    /// Like [`Store::acquire_many`], with a [`FailMode`] per request (`modes[i]` for
+    /// `requests[i]`; missing modes use the default).
+    pub async fn acquire_many_with(
+        &self,
+        requests: &[Acquire<'_>],
+        modes: &[FailMode],
+    ) -> Vec<Result<Decision, StoreError>> {
+        let mode = |i: usize| modes.get(i).copied().unwrap_or(self.default_mode);
+        if !self.breaker.admit(self.clock.now()) {
+            self.counters
+                .short_circuited
+                .fetch_add(requests.len() as u64, Ordering::Relaxed);
+            return requests
+                .iter()
+                .enumerate()
+                .map(|(i, r)| self.fall_back(r, mode(i)))
+                .collect();
+        }
+        let results = self.inner.acquire_many(requests).await;
+        self.record(
+            results
+                .iter()
+                .any(|r| matches!(r, Err(e) if e.is_transient())),
+        );
+        results
+            .into_iter()
+            .zip(requests)
+            .enumerate()
+            .map(|(i, (result, request))| match result {
+                Err(e) if e.is_transient() => {
+                    self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                    self.fall_back(request, mode(i))
+                }
+                other => other,
+            })
+            .collect()
+    }
+
+    /// Like [`Store::acquire`], with this request's [`FailMode`].
+    pub async fn acquire_with(
+        &self,
+        key: &str,
+        quota: &Quota,
+        cost: u64,
+        mode: FailMode,
+    ) -> Result<Decision, StoreError> {
+        let request = Acquire { key, quota, cost };
+        if !self.breaker.admit(self.clock.now()) {
+            self.counters
+                .short_circuited
+                .fetch_add(1, Ordering::Relaxed);
+            return self.fall_back(&request, mode);
+        }
+        match self.inner.acquire(key, quota, cost).await {
+            Err(e) if e.is_transient() => {
+                self.record(true);
+                self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                self.fall_back(&request, mode)
+            }
+            other => {
+                self.record(false);
+                other
+            }
+        }
+    }
+
+    fn record(&self, failed: bool) {
+        if !failed {
+            self.breaker.success();
+        } else if self.breaker.failure(self.clock.now()) {
+            self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Decides `request` by `mode`, without the store.
+    fn fall_back(&self, request: &Acquire<'_>, mode: FailMode) -> Result<Decision, StoreError> {
+        let quota = request.quota;
+        quota.check_cost(request.cost)?;
+        let mut decision = match mode {
+            FailMode::Open => {
+                self.counters.open.fetch_add(1, Ordering::Relaxed);
+                Decision::allow(quota.limit(), quota.burst() - request.cost, 0)
+            }
+            FailMode::Closed => {
+                self.counters.closed.fetch_add(1, Ordering::Relaxed);
+                Decision::deny(quota.limit(), 0, 0, self.breaker.open_for)
+            }
+            FailMode::Local => {
+                self.counters.local.fetch_add(1, Ordering::Relaxed);
+                let share = local_share(quota, self.instances);
+                if request.cost > share.burst() {
+                    // More than this instance's share can ever grant: wait for the store.
+                    Decision::deny(share.limit(), share.burst(), 0, self.breaker.open_for)
+                } else {
+                    self.local.acquire_now(request.key, &share, request.cost)?
+                }
+            }
+        };
+        decision.fallback = Some(mode);
+        Ok(decision)
+    }
+}
+
+/// `quota` divided among `instances`: limit and burst divided (at least 1), same period and
+/// algorithm. A quota that cannot be divided (it would break a validation rule) is kept whole.
+pub fn local_share(quota: &Quota, instances: u64) -> Quota {
+    if instances <= 1 {
+        return *quota;
+    }
+    let limit = (quota.limit() / instances).max(1);
+    let burst = (quota.burst() / instances).max(1);
+    Quota::new(limit, quota.period())
+        .and_then(|q| q.with_algorithm(quota.algorithm()))
+        .and_then(|q| {
+            if quota.algorithm().has_burst() {
+                q.with_burst(burst)
+            } else {
+                Ok(q)
+            }
+        })
+        .unwrap_or(*quota)
+}
+
+impl<S: Store, C: Clock + Clone> Store for FallbackStore<S, C> {
+    fn acquire(
+        &self,
+        key: &str,
+        quota: &Quota,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.acquire_with(key, quota, cost, self.default_mode)
+    }
+
+    fn acquire_many(
+        &self,
+        requests: &[Acquire<'_>],
+    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
+        self.acquire_many_with(requests, &[])
+    }
+
+    /// Refunds in the store; while the breaker is open, reports the store unavailable.
+    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::Unavailable("circuit breaker open".into()));
+        }
+        self.inner.refund(key, quota, units).await
+    }
+
+    /// Resets the key in the store and in the local limiter.
+    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
+        self.local
+            .reset_now(key, &local_share(quota, self.instances));
+        self.inner.reset(key, quota).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::sync::atomic::AtomicBool;
+
+    /// A store that fails (transiently) while told to, and counts its calls.
+    #[derive(Default)]
+    struct Flaky {
+        down: AtomicBool,
+        calls: AtomicU64,
+        memory: MemoryStore,
+    }
+
+    impl Store for Flaky {
+        async fn acquire(
+            &self,
+            key: &str,
+            quota: &Quota,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if self.down.load(Ordering::Relaxed) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            self.memory.acquire_now(key, quota, cost)
+        }
+        async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn breaker_opens_after_threshold_probes_and_closes() {
+        let clock = ManualClock::new(1 << 40);
+        let store = FallbackStore::builder(Flaky::default())
+            .clock(clock.clone())
+            .failure_threshold(3)
+            .open_for(Duration::from_millis(100))
+            .fail(FailMode::Closed)
+            .build();
+        let q = Quota::per_second(10).unwrap();
+        assert_eq!(store.acquire("k", &q, 1).await.unwrap().fallback, None);
+        store.inner().down.store(true, Ordering::Relaxed);
+        for _ in 0..3 {
+            let d = store.acquire("k", &q, 1).await.unwrap();
+            assert_eq!((d.allowed, d.fallback), (false, Some(FailMode::Closed)));
+            assert_eq!(d.retry_after, Duration::from_millis(100));
+        }
+        assert!(store.stats().breaker_open);
+        assert_eq!(store.inner().calls.load(Ordering::Relaxed), 4);
+        // Open: no calls reach the store.
+        for _ in 0..10 {
+            assert!(!store.acquire("k", &q, 1).await.unwrap().allowed);
+        }
+        assert_eq!(store.inner().calls.load(Ordering::Relaxed), 4);
+        // After open_for, one probe; it fails: open again for another period.
+        clock.advance(Duration::from_millis(100));
+        store.acquire("k", &q, 1).await.unwrap();
+        store.acquire("k", &q, 1).await.unwrap();
+        assert_eq!(store.inner().calls.load(Ordering::Relaxed), 5);
+        // The store comes back; the next probe closes the breaker.
+        store.inner().down.store(false, Ordering::Relaxed);
+        clock.advance(Duration::from_millis(100));
+        assert_eq!(store.acquire("k", &q, 1).await.unwrap().fallback, None);
+        assert!(!store.stats().breaker_open);
+        assert_eq!(store.acquire("k", &q, 1).await.unwrap().fallback, None);
+        let stats = store.stats();
+        assert_eq!(
+            (
+                stats.closed,
+                stats.store_errors,
+                stats.short_circuited,
+                stats.breaker_opened
+            ),
+            (15, 4, 11, 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn modes_decide_per_request_and_local_holds_this_instances_share() {
+        let clock = ManualClock::new(1 << 40);
+        let store = FallbackStore::builder(Flaky::default())
+            .clock(clock.clone())
+            .instances(4)
+            .build();
+        store.inner().down.store(true, Ordering::Relaxed);
+        let q = Quota::per_minute(40).unwrap();
+        let modes = [FailMode::Open, FailMode::Closed, FailMode::Local];
+        let requests = [
+            Acquire {
+                key: "a",
+                quota: &q,
+                cost: 1,
+            },
+            Acquire {
+                key: "b",
+                quota: &q,
+                cost: 1,
+            },
+            Acquire {
+                key: "c",
+                quota: &q,
+                cost: 1,
+            },
+        ];
+        let r = store.acquire_many_with(&requests, &modes).await;
+        let d: Vec<_> = r.into_iter().map(Result::unwrap).collect();
+        assert!(d[0].allowed && d[0].fallback == Some(FailMode::Open));
+        assert!(!d[1].allowed && d[1].fallback == Some(FailMode::Closed));
+        assert!(d[2].allowed && d[2].fallback == Some(FailMode::Local));
+        // The local share is 40 / 4 = 10 per minute: 9 more, then denied.
+        for _ in 0..9 {
+            let d = store
+                .acquire_with("c", &q, 1, FailMode::Local)
+                .await
+                .unwrap();
+            assert!(d.allowed);
+        }
+        assert!(
+            !store
+                .acquire_with("c", &q, 1, FailMode::Local)
+                .await
+                .unwrap()
+                .allowed
+        );
+        // A cost that can never fit is an error whatever the mode.
+        assert!(matches!(
+            store.acquire_with("c", &q, 41, FailMode::Open).await,
+            Err(StoreError::Capacity(_))
+        ));
+        let s = store.stats();
+        assert_eq!((s.open, s.closed, s.local), (1, 1, 11));
+    }
+
+    #[test]
+    fn local_share_divides_limit_and_burst() {
+        let q = Quota::per_second(10).unwrap().with_burst(30).unwrap();
+        let s = local_share(&q, 3);
+        assert_eq!((s.limit(), s.burst(), s.period()), (3, 10, q.period()));
+        let tiny = local_share(&Quota::per_second(2).unwrap(), 5);
+        assert_eq!((tiny.limit(), tiny.burst()), (1, 1));
+    }
+}
