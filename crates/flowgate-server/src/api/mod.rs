@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use flowgate::policy::descriptor::{self, Descriptor, Verdict};
-use std::future::Future;
-
 use flowgate::store::{Acquire, DynStore, Store, StoreError};
 use flowgate::{Decision, Quota};
 
@@ -147,37 +145,20 @@ impl Service {
 pub struct SharedStore(pub Arc<dyn DynStore>);
 
 impl Store for SharedStore {
-    fn acquire(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        async move { self.0.acquire_boxed(key, quota, cost).await }
+    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
+        self.0.acquire_boxed(key, quota, cost).await
     }
 
-    fn acquire_many(
-        &self,
-        requests: &[Acquire<'_>],
-    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
-        async move { self.0.acquire_many_boxed(requests).await }
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
+        self.0.acquire_many_boxed(requests).await
     }
 
-    fn refund(
-        &self,
-        key: &str,
-        quota: &Quota,
-        units: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { self.0.refund_boxed(key, quota, units).await }
+    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+        self.0.refund_boxed(key, quota, units).await
     }
 
-    fn reset(
-        &self,
-        key: &str,
-        quota: &Quota,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { self.0.reset_boxed(key, quota).await }
+    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
+        self.0.reset_boxed(key, quota).await
     }
 }
 
