@@ -88,17 +88,45 @@ impl KeyRejection {
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request, or why there is none.
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection>;
+
+    /// Appends the key for this request to `key`: exactly what [`extract`](Self::extract)
+    /// returns, written in place so that the rate-limit layer can build store keys in a reused
+    /// buffer instead of allocating one per request. The default calls `extract`; extractors
+    /// that can write their key directly override it. After an error, `key` may hold part of a
+    /// key; callers discard it.
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        key.push_str(&self.extract(parts)?);
+        Ok(())
+    }
+}
+
+/// `extract` for extractors that implement `extract_into`.
+fn extract_via_into<E: KeyExtractor + ?Sized>(
+    extractor: &E,
+    parts: &Parts,
+) -> Result<String, KeyRejection> {
+    let mut key = String::new();
+    extractor.extract_into(parts, &mut key)?;
+    Ok(key)
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
         (**self).extract(parts)
     }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        (**self).extract_into(parts, key)
+    }
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Box<E> {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
         (**self).extract(parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        (**self).extract_into(parts, key)
     }
 }
 
@@ -149,6 +177,11 @@ impl KeyExtractor for Global {
     fn extract(&self, _parts: &Parts) -> Result<String, KeyRejection> {
         Ok(self.0.clone().into_owned())
     }
+
+    fn extract_into(&self, _parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        key.push_str(&self.0);
+        Ok(())
+    }
 }
 
 /// Keys requests by their target host: the URI's authority (`api.bank.example:443`), else the
@@ -159,44 +192,68 @@ pub struct Host;
 
 impl KeyExtractor for Host {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
-        if let Some(authority) = parts.uri.authority() {
-            return Ok(authority.as_str().to_ascii_lowercase());
-        }
-        parts
-            .headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .filter(|h| !h.is_empty() && h.len() <= 255)
-            .map(str::to_ascii_lowercase)
-            .ok_or_else(|| KeyRejection::bad_request("the request names no host"))
+        extract_via_into(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        let host = match parts.uri.authority() {
+            Some(authority) => authority.as_str(),
+            None => parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .filter(|h| !h.is_empty() && h.len() <= 255)
+                .ok_or_else(|| KeyRejection::bad_request("the request names no host"))?,
+        };
+        let start = key.len();
+        key.push_str(host);
+        key[start..].make_ascii_lowercase();
+        Ok(())
     }
 }
 
-/// Appends `part` to a composite key, escaping `|` and `\` so that different parts can never
-/// join into the same key.
-fn push_part(key: &mut String, part: &str) {
-    if !key.is_empty() {
+/// Appends one part of a composite key: a `|` before every part but the first, then the part's
+/// key with its `|` and `\` escaped, so that different parts can never join into the same key.
+fn push_part<E: KeyExtractor>(
+    extractor: &E,
+    parts: &Parts,
+    key: &mut String,
+    first: bool,
+) -> Result<(), KeyRejection> {
+    if !first {
         key.push('|');
     }
-    for c in part.chars() {
-        if c == '|' || c == '\\' {
-            key.push('\\');
+    let start = key.len();
+    extractor.extract_into(parts, key)?;
+    if key[start..].contains(['|', '\\']) {
+        let part = key.split_off(start);
+        for c in part.chars() {
+            if c == '|' || c == '\\' {
+                key.push('\\');
+            }
+            key.push(c);
         }
-        key.push(c);
     }
+    Ok(())
 }
 
 macro_rules! composite {
-    ($($name:ident),+) => {
+    ($first:ident $(, $name:ident)+) => {
         /// The parts' keys joined with `|` (each part's `|` and `\` escaped); rejects when any
         /// part rejects.
-        impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
-            #[allow(non_snake_case)]
+        impl<$first: KeyExtractor $(, $name: KeyExtractor)+> KeyExtractor
+            for ($first, $($name,)+)
+        {
             fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
-                let ($($name,)+) = self;
-                let mut key = String::new();
-                $(push_part(&mut key, &$name.extract(parts)?);)+
-                Ok(key)
+                extract_via_into(self, parts)
+            }
+
+            #[allow(non_snake_case)]
+            fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+                let ($first, $($name,)+) = self;
+                push_part($first, parts, key, true)?;
+                $(push_part($name, parts, key, false)?;)+
+                Ok(())
             }
         }
     };
