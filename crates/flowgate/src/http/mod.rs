@@ -95,6 +95,7 @@ mod layer;
 pub mod outbound;
 mod policy;
 pub mod problem;
+mod scratch;
 mod service;
 mod stats;
 

@@ -14,11 +14,11 @@ use crate::quota::Quota;
 
 /// A quota and its `RateLimit-Policy` item, formatted once.
 #[derive(Debug, Clone)]
-struct Priced {
+pub(crate) struct Priced {
     /// The quota.
-    quota: Quota,
+    pub(crate) quota: Quota,
     /// `"name";q=…;w=…`.
-    item: HeaderValue,
+    pub(crate) item: HeaderValue,
 }
 
 impl Priced {
@@ -153,6 +153,66 @@ impl Limit {
         &self.name
     }
 
+    /// Units each request takes.
+    pub(crate) fn units(&self) -> u64 {
+        self.cost
+    }
+
+    /// Whether the limit may deny (it is not a shadow limit).
+    pub(crate) fn enforced(&self) -> bool {
+        !self.shadow
+    }
+
+    /// The quota this request falls under, with its store key — `name:tier:key` — appended to
+    /// `store_key`; `None` when the request's tier has no quota (the limit does not apply to
+    /// it). The limit's name and tier keep counters of different limits and tiers apart (names
+    /// and tiers hold no `:`, so the split is unambiguous).
+    pub(crate) fn select(
+        &self,
+        parts: &Parts,
+        store_key: &mut String,
+    ) -> Result<Option<&Priced>, KeyRejection> {
+        let (tier, priced) = match &self.quotas {
+            Quotas::One(p) => ("", p),
+            Quotas::Tiered {
+                tier,
+                tiers,
+                otherwise,
+            } => {
+                // The tier's value goes where the key will: no string of its own.
+                let start = store_key.len();
+                tier.extract_into(parts, store_key)?;
+                let found = tiers.get_key_value(&store_key[start..]);
+                store_key.truncate(start);
+                match found {
+                    Some((t, p)) => (t.as_str(), p),
+                    None => match otherwise {
+                        Some(p) => ("*", p),
+                        None => return Ok(None),
+                    },
+                }
+            }
+        };
+        store_key.push_str(&self.name);
+        store_key.push(':');
+        store_key.push_str(tier);
+        store_key.push(':');
+        self.key.extract_into(parts, store_key)?;
+        Ok(Some(priced))
+    }
+
+    /// This limit as it applies to one request.
+    pub(crate) fn applied(&self, store_key: String, priced: &Priced) -> Applied {
+        Applied {
+            name: self.name.clone(),
+            store_key,
+            quota: priced.quota,
+            policy_item: priced.item.clone(),
+            cost: self.cost,
+            enforced: !self.shadow,
+        }
+    }
+
     fn quotas(&self) -> Vec<(Option<&str>, &Quota)> {
         match &self.quotas {
             Quotas::One(p) => vec![(None, &p.quota)],
@@ -181,8 +241,7 @@ pub struct Policy {
 pub(crate) struct Applied {
     /// The limit's name.
     pub(crate) name: Arc<str>,
-    /// `name:tier:key`: the limit's name and tier keep counters of different limits and tiers
-    /// apart (names and tiers hold no `:`, so the split is unambiguous).
+    /// `name:tier:key` (see [`Limit::select`]).
     pub(crate) store_key: String,
     /// The quota that applies.
     pub(crate) quota: Quota,
@@ -214,6 +273,14 @@ impl Policy {
     /// The limits.
     pub fn limits(&self) -> impl Iterator<Item = &Limit> {
         self.limits.iter()
+    }
+
+    /// The limit, when the policy has exactly one.
+    pub(crate) fn single(&self) -> Option<&Limit> {
+        match self.limits.as_slice() {
+            [one] => Some(one),
+            _ => None,
+        }
     }
 
     /// Checks names, tiers and costs: every name is a valid, unique policy identifier and every
@@ -255,39 +322,10 @@ impl Policy {
     pub(crate) fn apply(&self, parts: &Parts) -> Result<Vec<Applied>, KeyRejection> {
         let mut applied = Vec::with_capacity(self.limits.len());
         for limit in &self.limits {
-            let (tier, priced) = match &limit.quotas {
-                Quotas::One(p) => ("", p),
-                Quotas::Tiered {
-                    tier,
-                    tiers,
-                    otherwise,
-                } => {
-                    let value = tier.extract(parts)?;
-                    match tiers.get_key_value(value.as_str()) {
-                        Some((t, p)) => (t.as_str(), p),
-                        None => match otherwise {
-                            Some(p) => ("*", p),
-                            None => continue,
-                        },
-                    }
-                }
-            };
-            let key = limit.key.extract(parts)?;
-            let mut store_key =
-                String::with_capacity(limit.name.len() + tier.len() + key.len() + 2);
-            store_key.push_str(&limit.name);
-            store_key.push(':');
-            store_key.push_str(tier);
-            store_key.push(':');
-            store_key.push_str(&key);
-            applied.push(Applied {
-                name: limit.name.clone(),
-                store_key,
-                quota: priced.quota,
-                policy_item: priced.item.clone(),
-                cost: limit.cost,
-                enforced: !limit.shadow,
-            });
+            let mut store_key = String::new();
+            if let Some(priced) = limit.select(parts, &mut store_key)? {
+                applied.push(limit.applied(store_key, priced));
+            }
         }
         Ok(applied)
     }
