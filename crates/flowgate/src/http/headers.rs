@@ -340,6 +340,7 @@ pub fn parse_retry_after(value: &HeaderValue) -> Option<std::time::Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::any;
     use std::time::Duration;
 
     fn decision(allowed: bool, remaining: u64, reset_ms: u64, retry_ms: u64) -> Decision {
@@ -436,5 +437,61 @@ mod tests {
         assert_eq!(h[&RATELIMIT], r#""a";r=3;t=1, "b";r=1;t=40"#);
         assert_eq!(h[&X_RATELIMIT_REMAINING], "1");
         assert_eq!(h[&X_RATELIMIT_RESET], "40");
+    }
+
+    proptest::proptest! {
+        /// The layer's builder writes exactly the fields that the public formatter writes for
+        /// the same limits: the same items, separators, binding limit and legacy values.
+        #[test]
+        fn the_layers_fields_are_the_formatters_fields(
+            limits in proptest::collection::vec(
+                (any_name(), 1u64..1_000, 1u64..100_000, any::<bool>(), 0u64..1_000,
+                 0u64..10_000_000, 0u64..10_000_000),
+                0..5,
+            ),
+            legacy in any::<bool>(),
+        ) {
+            let quotas: Vec<Quota> = limits
+                .iter()
+                .map(|l| Quota::new(l.1, Duration::from_millis(l.2)).unwrap())
+                .collect();
+            let decisions: Vec<Decision> = limits
+                .iter()
+                .map(|l| Decision {
+                    allowed: l.3,
+                    limit: l.1,
+                    remaining: l.4,
+                    reset_after: Duration::from_micros(l.5),
+                    retry_after: Duration::from_micros(l.6),
+                    fallback: None,
+                })
+                .collect();
+            let reports: Vec<Report<'_>> = limits
+                .iter()
+                .zip(&quotas)
+                .zip(&decisions)
+                .map(|((l, quota), decision)| Report { name: &l.0, quota, decision })
+                .collect();
+            let mut expected = HeaderMap::new();
+            append_ratelimit_headers(&mut expected, &reports, legacy);
+
+            let items: Vec<HeaderValue> = reports
+                .iter()
+                .map(|r| HeaderValue::from_str(&policy_item(r.name, r.quota)).unwrap())
+                .collect();
+            let mut buffer = String::from("left over");
+            let mut builder = FieldsBuilder::new(&mut buffer, legacy);
+            for (report, item) in reports.iter().zip(&items) {
+                builder.push(item, report.name, report.decision);
+            }
+            let mut built = HeaderMap::new();
+            builder.build().apply(&mut built);
+            proptest::prop_assert_eq!(built, expected);
+        }
+    }
+
+    /// Valid policy names (the layer only ever formats those).
+    fn any_name() -> impl proptest::strategy::Strategy<Value = String> {
+        proptest::string::string_regex("[A-Za-z0-9._/-]{1,12}").unwrap()
     }
 }

@@ -271,6 +271,95 @@ mod tests {
     }
 
     #[test]
+    fn extract_into_appends_exactly_what_extract_returns() {
+        let header = || Header::new(http::HeaderName::from_static("x-api-key"));
+        let route = Route::new(["/users/{id}"]).unwrap();
+        let extractors: Vec<(&str, Box<dyn KeyExtractor>)> = vec![
+            ("peer", Box::new(PeerIp::new())),
+            (
+                "peer /24 /48",
+                Box::new(PeerIp::new().ipv4_prefix(24).ipv6_prefix(48)),
+            ),
+            ("peer /128", Box::new(PeerIp::new().ipv6_prefix(128))),
+            (
+                "client",
+                Box::new(ClientIp::new(["10.0.0.0/8".parse().unwrap()])),
+            ),
+            ("header", Box::new(header())),
+            ("route", Box::new(route.clone())),
+            ("route with method", Box::new(route.with_method())),
+            ("host", Box::new(Host)),
+            ("global", Box::new(Global::default())),
+            ("pair", Box::new((Global("a|b\\".into()), header()))),
+            (
+                "triple",
+                Box::new((Global(Cow::Borrowed("")), Host, Global("z".into()))),
+            ),
+            ("closure", Box::new(from_fn(|p| Ok(p.method.to_string())))),
+            ("shared", Box::new(Arc::new(header()))),
+        ];
+        let request = |peer: &str, headers: &[(&str, &str)], uri: &str| {
+            let mut b = http::Request::post(uri);
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            let mut r = b.body(()).unwrap();
+            r.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+            r.into_parts().0
+        };
+        let requests = [
+            request(
+                "10.0.0.1:1",
+                &[("x-forwarded-for", "203.0.113.9")],
+                "/users/7",
+            ),
+            request(
+                "[2001:db8::1]:1",
+                &[("x-api-key", " k|1 "), ("host", "API.example")],
+                "/",
+            ),
+            request(
+                "192.0.2.250:1",
+                &[("x-api-key", "")],
+                "http://Example.COM:8080/x",
+            ),
+        ];
+        for (name, extractor) in &extractors {
+            for parts in &requests {
+                let mut into = String::from("prefix:");
+                match (
+                    extractor.extract(parts),
+                    extractor.extract_into(parts, &mut into),
+                ) {
+                    (Ok(key), Ok(())) => assert_eq!(into, format!("prefix:{key}"), "{name}"),
+                    (Err(a), Err(b)) => assert_eq!(a, b, "{name}"),
+                    (a, b) => panic!("{name}: extract {a:?}, extract_into {b:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn composite_keys_with_empty_parts_stay_apart() {
+        let key = |parts: (&'static str, &'static str, &'static str)| {
+            let (a, b, c) = parts;
+            (Global(a.into()), Global(b.into()), Global(c.into()))
+                .extract(&super::tests::parts())
+                .unwrap()
+        };
+        let keys = [
+            ("", "", "a"),
+            ("", "a", ""),
+            ("a", "", ""),
+            ("", "a", "b"),
+            ("a", "b", ""),
+        ];
+        let distinct: std::collections::HashSet<String> = keys.into_iter().map(key).collect();
+        assert_eq!(distinct.len(), keys.len(), "{distinct:?}");
+        assert_eq!(key(("", "a", "b")), "|a|b");
+    }
+
+    #[test]
     fn composite_keys_escape_their_separator() {
         let a = (Global("x|y".into()), Global("z".into()));
         let b = (Global("x".into()), Global("y|z".into()));
