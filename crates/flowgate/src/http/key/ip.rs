@@ -14,7 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::request::Parts;
-use http::{Extensions, HeaderMap, StatusCode};
+use http::{Extensions, HeaderMap, HeaderName, StatusCode};
 use ipnet::IpNet;
 
 use super::{KeyExtractor, KeyRejection};
@@ -272,12 +272,26 @@ impl ClientIp {
         if !self.is_trusted(peer) {
             return Ok(peer);
         }
-        let hops = match self.header {
-            ForwardedHeader::XForwardedFor => x_forwarded_for(&parts.headers),
-            ForwardedHeader::Forwarded => forwarded(&parts.headers),
-        };
+        Ok(match self.header {
+            ForwardedHeader::XForwardedFor => {
+                self.rightmost_untrusted(peer, x_forwarded_for_from_the_right(&parts.headers))
+            }
+            ForwardedHeader::Forwarded => {
+                self.rightmost_untrusted(peer, forwarded(&parts.headers).into_iter().rev())
+            }
+        })
+    }
+
+    /// Walks `hops` from the right (nearest proxy first), skipping trusted proxies: the first
+    /// untrusted address; the leftmost if all are trusted; the last trusted one before an
+    /// unparsable hop; `peer` if there are none.
+    fn rightmost_untrusted(
+        &self,
+        peer: IpAddr,
+        hops: impl Iterator<Item = Option<IpAddr>>,
+    ) -> IpAddr {
         let mut client = peer;
-        for hop in hops.iter().rev() {
+        for hop in hops {
             match hop {
                 Some(ip) => {
                     client = ip.to_canonical();
@@ -288,7 +302,7 @@ impl ClientIp {
                 None => break,
             }
         }
-        Ok(client)
+        client
     }
 }
 
@@ -303,29 +317,34 @@ impl KeyExtractor for ClientIp {
     }
 }
 
+/// `X-Forwarded-For`.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// The values of every `name` header line, in order, as text (lines that are not visible ASCII
 /// are one unparsable hop).
-fn lines<'a>(headers: &'a HeaderMap, name: &str) -> impl Iterator<Item = Option<&'a str>> {
+fn lines<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> impl DoubleEndedIterator<Item = Option<&'a str>> {
     headers.get_all(name).iter().map(|v| v.to_str().ok())
 }
 
-/// The hops of `X-Forwarded-For`, left to right; `None` for one that is not an address.
-fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut hops = Vec::new();
-    for line in lines(headers, "x-forwarded-for") {
-        match line {
-            Some(line) => hops.extend(line.split(',').map(|h| parse_node(h.trim()))),
-            None => hops.push(None),
-        }
-    }
-    hops
+/// The hops of `X-Forwarded-For`, right to left (the order they are walked in, so nothing is
+/// collected); `None` for one that is not an address.
+fn x_forwarded_for_from_the_right(headers: &HeaderMap) -> impl Iterator<Item = Option<IpAddr>> {
+    lines(headers, &X_FORWARDED_FOR).rev().flat_map(|line| {
+        let hops = line.map(|line| line.rsplit(',').map(|hop| parse_node(hop.trim())));
+        // A line that is not text is one unparsable hop.
+        let unparsable = line.is_none().then_some(None);
+        hops.into_iter().flatten().chain(unparsable)
+    })
 }
 
 /// The `for=` of each element of `Forwarded` (RFC 7239), left to right; `None` for an element
 /// without one or whose node is not an address (`unknown`, `_hidden`).
 fn forwarded(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     let mut hops = Vec::new();
-    for line in lines(headers, "forwarded") {
+    for line in lines(headers, &http::header::FORWARDED) {
         let Some(line) = line else {
             hops.push(None);
             continue;
@@ -441,6 +460,13 @@ mod tests {
         // Garbage stops the walk at the last trusted hop.
         let junk = [("x-forwarded-for", "5.5.5.5, nonsense, 10.7.7.7")];
         assert_eq!(c.extract(&parts("10.0.0.1:1", &junk)).unwrap(), "10.7.7.7");
+        // A line that is not text is one unparsable hop.
+        let mut binary = parts("10.0.0.1:1", &[("x-forwarded-for", "5.5.5.5")]);
+        for line in [&b"\xff"[..], b"10.7.7.7"] {
+            let value = http::HeaderValue::from_bytes(line).unwrap();
+            binary.headers.append("x-forwarded-for", value);
+        }
+        assert_eq!(c.extract(&binary).unwrap(), "10.7.7.7");
         // Ports and brackets as some proxies write them.
         let ported = [("x-forwarded-for", "[2001:db8:1:2::9]:443, 7.7.7.7:80")];
         assert_eq!(c.extract(&parts("10.0.0.1:1", &ported)).unwrap(), "7.7.7.7");
