@@ -22,6 +22,7 @@ use flowgate::http::{Limit, Policy, RateLimitLayer};
 use flowgate::store::MemoryStore;
 use http::Request;
 use tower::ServiceExt;
+use tower::layer::util::Identity;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 
@@ -36,17 +37,27 @@ fn variants() -> Vec<(&'static str, Router)> {
         .unwrap();
     let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), roomy));
     let flowgate = bare().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
-    let governor = GovernorConfigBuilder::default()
+    let governor_headers = GovernorConfigBuilder::default()
         .period(Duration::from_nanos(1))
         .burst_size(u32::MAX)
         .use_headers()
         .finish()
         .unwrap();
+    let governor_headers = bare().layer(GovernorLayer::new(governor_headers));
+    let governor = GovernorConfigBuilder::default()
+        .period(Duration::from_nanos(1))
+        .burst_size(u32::MAX)
+        .finish()
+        .unwrap();
     let governor = bare().layer(GovernorLayer::new(governor));
     vec![
         ("axum_bare", bare()),
+        // What axum charges for any layer (it boxes and clones each layered route per
+        // request): the floor under both middlewares.
+        ("axum_noop_layer", bare().layer(Identity::new())),
         ("flowgate", flowgate),
-        ("tower_governor_headers", governor),
+        ("tower_governor_headers", governor_headers),
+        ("tower_governor", governor),
     ]
 }
 
