@@ -7,9 +7,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, WWW_AUTHENTICATE};
-use http::{Response, StatusCode};
-
 use http::request::Parts;
+use http::{Response, StatusCode};
 
 use super::headers::{Fields, FieldsBuilder, set_retry_after};
 use super::key::KeyRejection;

@@ -12,20 +12,30 @@ use super::headers::policy_item;
 use super::key::{KeyExtractor, KeyRejection};
 use crate::quota::Quota;
 
-/// A quota and its `RateLimit-Policy` item, formatted once.
+/// A quota of a limit (for one tier, or for all), with what each request needs of it formatted
+/// once: its `RateLimit-Policy` item and the start of its store keys.
 #[derive(Debug, Clone)]
 pub(crate) struct Priced {
     /// The quota.
     pub(crate) quota: Quota,
     /// `"name";q=…;w=…`.
     pub(crate) item: HeaderValue,
+    /// `name:tier:`, which the request's key completes (see [`Limit::select`]).
+    key_prefix: Box<str>,
 }
 
 impl Priced {
-    fn new(name: &str, quota: Quota) -> Self {
+    /// `quota` for tier `tier` (`""` for a limit without tiers, `*` for `otherwise`) of limit
+    /// `name`.
+    fn new(name: &str, tier: &str, quota: Quota) -> Self {
         let item = HeaderValue::from_maybe_shared(Bytes::from(policy_item(name, &quota)))
             .unwrap_or(HeaderValue::from_static(""));
-        Priced { quota, item }
+        let key_prefix = format!("{name}:{tier}:").into_boxed_str();
+        Priced {
+            quota,
+            item,
+            key_prefix,
+        }
     }
 }
 
@@ -90,7 +100,7 @@ impl Limit {
     pub fn new(name: impl Into<String>, key: impl KeyExtractor, quota: Quota) -> Self {
         let name: Arc<str> = name.into().into();
         Limit {
-            quotas: Quotas::One(Priced::new(&name, quota)),
+            quotas: Quotas::One(Priced::new(&name, "", quota)),
             name,
             key: Box::new(key),
             cost: 1,
@@ -123,7 +133,9 @@ impl Limit {
     /// The quota for tier `value`. (Ignored on a limit made with [`new`](Self::new).)
     pub fn tier(mut self, value: impl Into<String>, quota: Quota) -> Self {
         if let Quotas::Tiered { tiers, .. } = &mut self.quotas {
-            tiers.insert(value.into(), Priced::new(&self.name, quota));
+            let value = value.into();
+            let priced = Priced::new(&self.name, &value, quota);
+            tiers.insert(value, priced);
         }
         self
     }
@@ -131,7 +143,7 @@ impl Limit {
     /// The quota for tiers not named with [`tier`](Self::tier).
     pub fn otherwise(mut self, quota: Quota) -> Self {
         if let Quotas::Tiered { otherwise, .. } = &mut self.quotas {
-            *otherwise = Some(Priced::new(&self.name, quota));
+            *otherwise = Some(Priced::new(&self.name, "*", quota));
         }
         self
     }
@@ -172,8 +184,8 @@ impl Limit {
         parts: &Parts,
         store_key: &mut String,
     ) -> Result<Option<&Priced>, KeyRejection> {
-        let (tier, priced) = match &self.quotas {
-            Quotas::One(p) => ("", p),
+        let priced = match &self.quotas {
+            Quotas::One(p) => p,
             Quotas::Tiered {
                 tier,
                 tiers,
@@ -182,21 +194,15 @@ impl Limit {
                 // The tier's value goes where the key will: no string of its own.
                 let start = store_key.len();
                 tier.extract_into(parts, store_key)?;
-                let found = tiers.get_key_value(&store_key[start..]);
+                let found = tiers.get(&store_key[start..]);
                 store_key.truncate(start);
-                match found {
-                    Some((t, p)) => (t.as_str(), p),
-                    None => match otherwise {
-                        Some(p) => ("*", p),
-                        None => return Ok(None),
-                    },
+                match found.or(otherwise.as_ref()) {
+                    Some(p) => p,
+                    None => return Ok(None),
                 }
             }
         };
-        store_key.push_str(&self.name);
-        store_key.push(':');
-        store_key.push_str(tier);
-        store_key.push(':');
+        store_key.push_str(&priced.key_prefix);
         self.key.extract_into(parts, store_key)?;
         Ok(Some(priced))
     }
