@@ -136,3 +136,75 @@ fn memory_store_checks_on_existing_keys_allocate_nothing() {
         assert_eq!(n, 0, "{algorithm}");
     }
 }
+
+/// The HTTP rate-limit layer on its fast path (one limit, in the memory store): deciding a
+/// passing request and adding its fields allocates once, for the `RateLimit` value the response
+/// keeps — no boxed future, key string or list.
+#[cfg(feature = "tower")]
+#[test]
+fn the_http_layer_allocates_only_the_ratelimit_value() {
+    use std::future::Future;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, Waker};
+
+    use flowgate::http::key::{PeerAddr, PeerIp};
+    use flowgate::http::{Limit, Policy, RateLimitLayer};
+    use http::{HeaderMap, Request, Response};
+    use tower::{Layer, Service, service_fn};
+
+    const REQUESTS: usize = 1_000;
+    const WARM_UP: usize = 10;
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
+    // The inner service hands out responses made beforehand, with room for the fields, so that
+    // only the layer's allocations are counted.
+    let responses: Vec<Response<()>> = (0..REQUESTS + WARM_UP)
+        .map(|_| {
+            let mut response = Response::new(());
+            *response.headers_mut() = HeaderMap::with_capacity(8);
+            response
+        })
+        .collect();
+    let responses = Arc::new(Mutex::new(responses));
+    let inner = service_fn(move |_: Request<()>| {
+        let response = responses.lock().unwrap().pop().unwrap();
+        std::future::ready(Ok::<_, std::convert::Infallible>(response))
+    });
+    let mut service = RateLimitLayer::new(store, policy).unwrap().layer(inner);
+    let requests: Vec<Request<()>> = (0..REQUESTS + WARM_UP)
+        .map(|i| {
+            let mut request = Request::new(());
+            let peer = format!("192.0.2.{}:4000", i % 3);
+            request
+                .extensions_mut()
+                .insert(PeerAddr(peer.parse().unwrap()));
+            request
+        })
+        .collect();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut send = |request| {
+        assert!(service.poll_ready(&mut cx).is_ready());
+        let mut future = std::pin::pin!(service.call(request));
+        let Poll::Ready(Ok(response)) = future.as_mut().poll(&mut cx) else {
+            panic!("the memory store answers at once");
+        };
+        assert_eq!(
+            response.headers()["ratelimit-policy"],
+            r#""per-ip";q=1000000;w=1"#
+        );
+        response
+    };
+    let mut requests = requests.into_iter();
+    for request in requests.by_ref().take(WARM_UP) {
+        drop(send(request));
+    }
+    let mut kept = Vec::with_capacity(REQUESTS);
+    let n = allocations(|| {
+        for request in requests {
+            kept.push(send(request));
+        }
+    });
+    assert_eq!(n, REQUESTS as u64);
+}

@@ -1,20 +1,24 @@
 //! The check itself: a request's limits asked of the store, and the answer turned into either
-//! headers for the passing response or a response of its own (429, 503, 500).
+//! headers for the passing response or a response of its own (429, 503, 500). A single limit
+//! in a store that answers at once is decided without waiting ([`Shared::decide`]); anything
+//! else goes through the store's futures ([`Shared::check`]).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, WWW_AUTHENTICATE};
+use http::request::Parts;
 use http::{Response, StatusCode};
 
-use super::headers::{Fields, Report, set_retry_after};
+use super::headers::{Fields, FieldsBuilder, set_retry_after};
 use super::key::KeyRejection;
 use super::policy::{Applied, Policy};
 use super::problem::Problem;
+use super::scratch::with_buffer;
 use super::stats::{RateLimitStats, bump};
-use crate::decision::FailMode;
+use crate::decision::{Decision, FailMode};
 use crate::policy::acquire_all;
-use crate::store::{Acquire, Store};
+use crate::store::{Acquire, Store, StoreError};
 
 /// How the layer behaves; fixed when it is built.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +48,26 @@ pub(crate) enum Verdict {
     Pass(Fields),
     /// Answer with this response instead.
     Answer(Response<Bytes>),
+}
+
+/// What the layer knows about a request before any waiting.
+pub(crate) enum Decided {
+    /// The verdict is in: the store answered at once (or nothing needed asking).
+    Now(Verdict),
+    /// These limits must be asked of the store asynchronously ([`Shared::check`]).
+    Later(Vec<Applied>),
+}
+
+/// One limit's part in a verdict: what the store said, and what is needed to report it.
+struct Ruling<'a> {
+    /// The limit's name.
+    name: &'a str,
+    /// Its `RateLimit-Policy` item.
+    policy_item: &'a HeaderValue,
+    /// Whether it may deny.
+    enforced: bool,
+    /// The store's answer.
+    result: &'a Result<Decision, StoreError>,
 }
 
 /// Whether a request speaks gRPC, so that refusals are sent as gRPC statuses.
@@ -76,45 +100,96 @@ impl<St: Store> Shared<St> {
         response
     }
 
-    /// Asks the store for every applied limit at once and decides.
-    pub(crate) async fn check(self: Arc<Self>, applied: Vec<Applied>, grpc: bool) -> Verdict {
-        if let [one] = applied.as_slice() {
-            // One limit: nothing to refund, no batch to build.
-            let result = self
+    /// Decides a request without waiting when it can: a policy of one limit, in a store that
+    /// answers at once (the memory store), is decided here with no allocation but the
+    /// response's `RateLimit` value. Everything else is left to [`check`](Self::check).
+    pub(crate) fn decide(&self, parts: &Parts) -> Decided {
+        let Some(limit) = self.policy.single() else {
+            return match self.policy.apply(parts) {
+                Ok(applied) if applied.is_empty() => Decided::Now(Verdict::Pass(Fields::default())),
+                Ok(applied) => Decided::Later(applied),
+                Err(rejection) => Decided::Now(Verdict::Answer(
+                    self.reject(rejection, is_grpc(&parts.headers)),
+                )),
+            };
+        };
+        with_buffer(|buffer| {
+            let priced = match limit.select(parts, buffer) {
+                Ok(Some(priced)) => priced,
+                Ok(None) => return Decided::Now(Verdict::Pass(Fields::default())),
+                Err(rejection) => {
+                    let response = self.reject(rejection, is_grpc(&parts.headers));
+                    return Decided::Now(Verdict::Answer(response));
+                }
+            };
+            let Some(result) = self
                 .store
-                .acquire(&one.store_key, &one.quota, one.cost)
-                .await;
-            return self.judge(&applied, std::slice::from_ref(&result), grpc);
-        }
-        let requests: Vec<Acquire<'_>> = applied
-            .iter()
-            .map(|a| Acquire {
-                key: &a.store_key,
-                quota: &a.quota,
-                cost: a.cost,
-            })
-            .collect();
-        let outcome = acquire_all(&self.store, &requests, |i| applied[i].enforced).await;
-        self.judge(&applied, &outcome.results, grpc)
+                .try_acquire_now(buffer, &priced.quota, limit.units())
+            else {
+                return Decided::Later(vec![limit.applied(buffer.clone(), priced)]);
+            };
+            let ruling = Ruling {
+                name: limit.name(),
+                policy_item: &priced.item,
+                enforced: limit.enforced(),
+                result: &result,
+            };
+            // The store key is spent: the buffer now takes the `RateLimit` value.
+            let verdict = self.judge([ruling], || is_grpc(&parts.headers), buffer);
+            Decided::Now(verdict)
+        })
     }
 
-    fn judge(
+    /// Asks the store for every applied limit at once and decides.
+    pub(crate) async fn check(self: Arc<Self>, applied: Vec<Applied>, grpc: bool) -> Verdict {
+        let one;
+        let outcome;
+        let results = if let [limit] = applied.as_slice() {
+            // One limit: nothing to refund, no batch to build.
+            one = self
+                .store
+                .acquire(&limit.store_key, &limit.quota, limit.cost)
+                .await;
+            std::slice::from_ref(&one)
+        } else {
+            let requests: Vec<Acquire<'_>> = applied
+                .iter()
+                .map(|a| Acquire {
+                    key: &a.store_key,
+                    quota: &a.quota,
+                    cost: a.cost,
+                })
+                .collect();
+            outcome = acquire_all(&self.store, &requests, |i| applied[i].enforced).await;
+            &outcome.results[..]
+        };
+        let rulings = applied.iter().zip(results).map(|(limit, result)| Ruling {
+            name: &limit.name,
+            policy_item: &limit.policy_item,
+            enforced: limit.enforced,
+            result,
+        });
+        with_buffer(|buffer| self.judge(rulings, || grpc, buffer))
+    }
+
+    /// The verdict on the store's answers; `buffer` is scratch space for the `RateLimit` value.
+    fn judge<'a>(
         &self,
-        applied: &[Applied],
-        results: &[Result<crate::Decision, crate::store::StoreError>],
-        grpc: bool,
+        rulings: impl IntoIterator<Item = Ruling<'a>>,
+        grpc: impl FnOnce() -> bool,
+        buffer: &mut String,
     ) -> Verdict {
-        let mut rows = Vec::with_capacity(applied.len());
+        let mut fields = FieldsBuilder::new(buffer, self.options.legacy_headers);
         let mut violated = Vec::new();
         let mut retry_after = 0;
         let mut fallback: Option<FailMode> = None;
         let mut unavailable = false;
         let mut broken = false;
-        for (limit, result) in applied.iter().zip(results) {
-            if !limit.enforced {
+        for ruling in rulings {
+            if !ruling.enforced {
                 continue;
             }
-            match result {
+            match ruling.result {
                 // A fallback store that failed closed: the store, not the client, is at fault.
                 Ok(d) if d.fallback == Some(FailMode::Closed) && !d.allowed => unavailable = true,
                 Ok(d) => {
@@ -123,15 +198,10 @@ impl<St: Store> Shared<St> {
                     }
                     // Fail-open decisions carry no real counts: leave them out of the headers.
                     if d.fallback != Some(FailMode::Open) {
-                        let report = Report {
-                            name: &limit.name,
-                            quota: &limit.quota,
-                            decision: d,
-                        };
-                        rows.push((&limit.policy_item, report));
+                        fields.push(ruling.policy_item, ruling.name, d);
                     }
                     if !d.allowed {
-                        violated.push(limit.name.to_string());
+                        violated.push(ruling.name.to_owned());
                         retry_after = retry_after.max(d.retry_after_secs());
                     }
                 }
@@ -142,12 +212,11 @@ impl<St: Store> Shared<St> {
                 Err(_) => broken = true,
             }
         }
-        let legacy = self.options.legacy_headers;
         if !violated.is_empty() {
             bump(&self.stats.limited);
             let retry_after = retry_after.max(1);
-            let mut response = answer(Problem::quota_exceeded(violated, retry_after), grpc);
-            Fields::new(&rows, legacy).apply(response.headers_mut());
+            let mut response = answer(Problem::quota_exceeded(violated, retry_after), grpc());
+            fields.build().apply(response.headers_mut());
             set_retry_after(response.headers_mut(), retry_after);
             return Verdict::Answer(response);
         }
@@ -157,7 +226,7 @@ impl<St: Store> Shared<St> {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the rate-limit store failed",
             );
-            return Verdict::Answer(answer(problem, grpc));
+            return Verdict::Answer(answer(problem, grpc()));
         }
         if unavailable {
             bump(&self.stats.unavailable);
@@ -165,12 +234,12 @@ impl<St: Store> Shared<St> {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the rate-limit store is unavailable",
             );
-            let mut response = answer(problem, grpc);
+            let mut response = answer(problem, grpc());
             set_retry_after(response.headers_mut(), 1);
             return Verdict::Answer(response);
         }
         bump(&self.stats.allowed);
-        let mut fields = Fields::new(&rows, legacy);
+        let mut fields = fields.build();
         if let Some(mode) = fallback {
             bump(match mode {
                 FailMode::Local => &self.stats.fail_local,

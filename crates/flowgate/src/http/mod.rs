@@ -77,6 +77,15 @@
 //! added with `Router::layer` runs before routing; to key by axum's `MatchedPath`, use
 //! `route_layer` (or [`key::Route`] with your templates, which works anywhere).
 //!
+//! # Cost
+//!
+//! A policy of one limit in a store that decides in memory ([`MemoryStore`](crate::store::MemoryStore),
+//! or any store that implements [`Store::try_acquire_now`](crate::store::Store::try_acquire_now))
+//! is decided inside `call`: the key is written into a reused buffer, nothing is boxed, and the
+//! only allocation is the `RateLimit` value the response carries. Other stores (Redis) and
+//! policies of several limits go through the store's futures, boxed once per request. Figures
+//! against tower_governor are in `BENCHMARKS.md`.
+//!
 //! # Store failures
 //!
 //! A transient store error (timeout, store unreachable) answers 503 with a problem body by
@@ -95,6 +104,7 @@ mod layer;
 pub mod outbound;
 mod policy;
 pub mod problem;
+mod scratch;
 mod service;
 mod stats;
 

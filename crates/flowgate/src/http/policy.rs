@@ -12,20 +12,30 @@ use super::headers::policy_item;
 use super::key::{KeyExtractor, KeyRejection};
 use crate::quota::Quota;
 
-/// A quota and its `RateLimit-Policy` item, formatted once.
+/// A quota of a limit (for one tier, or for all), with what each request needs of it formatted
+/// once: its `RateLimit-Policy` item and the start of its store keys.
 #[derive(Debug, Clone)]
-struct Priced {
+pub(crate) struct Priced {
     /// The quota.
-    quota: Quota,
+    pub(crate) quota: Quota,
     /// `"name";q=…;w=…`.
-    item: HeaderValue,
+    pub(crate) item: HeaderValue,
+    /// `name:tier:`, which the request's key completes (see [`Limit::select`]).
+    key_prefix: Box<str>,
 }
 
 impl Priced {
-    fn new(name: &str, quota: Quota) -> Self {
+    /// `quota` for tier `tier` (`""` for a limit without tiers, `*` for `otherwise`) of limit
+    /// `name`.
+    fn new(name: &str, tier: &str, quota: Quota) -> Self {
         let item = HeaderValue::from_maybe_shared(Bytes::from(policy_item(name, &quota)))
             .unwrap_or(HeaderValue::from_static(""));
-        Priced { quota, item }
+        let key_prefix = format!("{name}:{tier}:").into_boxed_str();
+        Priced {
+            quota,
+            item,
+            key_prefix,
+        }
     }
 }
 
@@ -90,7 +100,7 @@ impl Limit {
     pub fn new(name: impl Into<String>, key: impl KeyExtractor, quota: Quota) -> Self {
         let name: Arc<str> = name.into().into();
         Limit {
-            quotas: Quotas::One(Priced::new(&name, quota)),
+            quotas: Quotas::One(Priced::new(&name, "", quota)),
             name,
             key: Box::new(key),
             cost: 1,
@@ -123,7 +133,9 @@ impl Limit {
     /// The quota for tier `value`. (Ignored on a limit made with [`new`](Self::new).)
     pub fn tier(mut self, value: impl Into<String>, quota: Quota) -> Self {
         if let Quotas::Tiered { tiers, .. } = &mut self.quotas {
-            tiers.insert(value.into(), Priced::new(&self.name, quota));
+            let value = value.into();
+            let priced = Priced::new(&self.name, &value, quota);
+            tiers.insert(value, priced);
         }
         self
     }
@@ -131,7 +143,7 @@ impl Limit {
     /// The quota for tiers not named with [`tier`](Self::tier).
     pub fn otherwise(mut self, quota: Quota) -> Self {
         if let Quotas::Tiered { otherwise, .. } = &mut self.quotas {
-            *otherwise = Some(Priced::new(&self.name, quota));
+            *otherwise = Some(Priced::new(&self.name, "*", quota));
         }
         self
     }
@@ -151,6 +163,60 @@ impl Limit {
     /// The limit's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Units each request takes.
+    pub(crate) fn units(&self) -> u64 {
+        self.cost
+    }
+
+    /// Whether the limit may deny (it is not a shadow limit).
+    pub(crate) fn enforced(&self) -> bool {
+        !self.shadow
+    }
+
+    /// The quota this request falls under, with its store key — `name:tier:key` — appended to
+    /// `store_key`; `None` when the request's tier has no quota (the limit does not apply to
+    /// it). The limit's name and tier keep counters of different limits and tiers apart (names
+    /// and tiers hold no `:`, so the split is unambiguous).
+    pub(crate) fn select(
+        &self,
+        parts: &Parts,
+        store_key: &mut String,
+    ) -> Result<Option<&Priced>, KeyRejection> {
+        let priced = match &self.quotas {
+            Quotas::One(p) => p,
+            Quotas::Tiered {
+                tier,
+                tiers,
+                otherwise,
+            } => {
+                // The tier's value goes where the key will: no string of its own.
+                let start = store_key.len();
+                tier.extract_into(parts, store_key)?;
+                let found = tiers.get(&store_key[start..]);
+                store_key.truncate(start);
+                match found.or(otherwise.as_ref()) {
+                    Some(p) => p,
+                    None => return Ok(None),
+                }
+            }
+        };
+        store_key.push_str(&priced.key_prefix);
+        self.key.extract_into(parts, store_key)?;
+        Ok(Some(priced))
+    }
+
+    /// This limit as it applies to one request.
+    pub(crate) fn applied(&self, store_key: String, priced: &Priced) -> Applied {
+        Applied {
+            name: self.name.clone(),
+            store_key,
+            quota: priced.quota,
+            policy_item: priced.item.clone(),
+            cost: self.cost,
+            enforced: !self.shadow,
+        }
     }
 
     fn quotas(&self) -> Vec<(Option<&str>, &Quota)> {
@@ -181,8 +247,7 @@ pub struct Policy {
 pub(crate) struct Applied {
     /// The limit's name.
     pub(crate) name: Arc<str>,
-    /// `name:tier:key`: the limit's name and tier keep counters of different limits and tiers
-    /// apart (names and tiers hold no `:`, so the split is unambiguous).
+    /// `name:tier:key` (see [`Limit::select`]).
     pub(crate) store_key: String,
     /// The quota that applies.
     pub(crate) quota: Quota,
@@ -214,6 +279,14 @@ impl Policy {
     /// The limits.
     pub fn limits(&self) -> impl Iterator<Item = &Limit> {
         self.limits.iter()
+    }
+
+    /// The limit, when the policy has exactly one.
+    pub(crate) fn single(&self) -> Option<&Limit> {
+        match self.limits.as_slice() {
+            [one] => Some(one),
+            _ => None,
+        }
     }
 
     /// Checks names, tiers and costs: every name is a valid, unique policy identifier and every
@@ -255,39 +328,10 @@ impl Policy {
     pub(crate) fn apply(&self, parts: &Parts) -> Result<Vec<Applied>, KeyRejection> {
         let mut applied = Vec::with_capacity(self.limits.len());
         for limit in &self.limits {
-            let (tier, priced) = match &limit.quotas {
-                Quotas::One(p) => ("", p),
-                Quotas::Tiered {
-                    tier,
-                    tiers,
-                    otherwise,
-                } => {
-                    let value = tier.extract(parts)?;
-                    match tiers.get_key_value(value.as_str()) {
-                        Some((t, p)) => (t.as_str(), p),
-                        None => match otherwise {
-                            Some(p) => ("*", p),
-                            None => continue,
-                        },
-                    }
-                }
-            };
-            let key = limit.key.extract(parts)?;
-            let mut store_key =
-                String::with_capacity(limit.name.len() + tier.len() + key.len() + 2);
-            store_key.push_str(&limit.name);
-            store_key.push(':');
-            store_key.push_str(tier);
-            store_key.push(':');
-            store_key.push_str(&key);
-            applied.push(Applied {
-                name: limit.name.clone(),
-                store_key,
-                quota: priced.quota,
-                policy_item: priced.item.clone(),
-                cost: limit.cost,
-                enforced: !limit.shadow,
-            });
+            let mut store_key = String::new();
+            if let Some(priced) = limit.select(parts, &mut store_key)? {
+                applied.push(limit.applied(store_key, priced));
+            }
         }
         Ok(applied)
     }

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::check::{Shared, Verdict, is_grpc};
+use super::check::{Decided, Shared, Verdict, is_grpc};
 use super::future::ResponseFuture;
 use crate::store::Store;
 
@@ -69,19 +69,21 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let grpc = is_grpc(&parts.headers);
-        let applied = match self.shared.policy.apply(&parts) {
-            Ok(applied) => applied,
-            Err(rejection) => return ResponseFuture::answer(self.shared.reject(rejection, grpc)),
+        let applied = match self.shared.decide(&parts) {
+            Decided::Now(Verdict::Pass(fields)) => {
+                let request = Request::from_parts(parts, body);
+                return ResponseFuture::call(self.inner.call(request), fields);
+            }
+            Decided::Now(Verdict::Answer(response)) => return ResponseFuture::answer(response),
+            Decided::Later(applied) => applied,
         };
+        let grpc = is_grpc(&parts.headers);
         let request = Request::from_parts(parts, body);
-        if applied.is_empty() {
-            return ResponseFuture::call(self.inner.call(request), Default::default());
-        }
         let mut check = Box::pin(self.shared.clone().check(applied, grpc));
-        // Stores that decide in memory answer at once: then the request goes straight to the
-        // inner service, which was polled ready for it. (Polling with a no-op waker is fine: a
-        // pending future is polled again, with the real waker, by `ResponseFuture`.)
+        // Stores often answer at once even so (several limits in memory): then the request goes
+        // straight to the inner service, which was polled ready for it. (Polling with a no-op
+        // waker is fine: a pending future is polled again, with the real waker, by
+        // `ResponseFuture`.)
         match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(Verdict::Pass(fields)) => {
                 ResponseFuture::call(self.inner.call(request), fields)

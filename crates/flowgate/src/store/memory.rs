@@ -277,6 +277,15 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(self.acquire_now(key, quota, cost))
     }
 
+    fn try_acquire_now(
+        &self,
+        key: &str,
+        quota: &Quota,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.acquire_now(key, quota, cost))
+    }
+
     fn refund(
         &self,
         key: &str,

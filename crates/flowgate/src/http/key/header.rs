@@ -55,8 +55,9 @@ impl Header {
     }
 }
 
-impl KeyExtractor for Header {
-    fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+impl Header {
+    /// The header's trimmed value, or why it cannot be a key.
+    fn value<'a>(&self, parts: &'a Parts) -> Result<&'a str, KeyRejection> {
         let value = parts
             .headers
             .get(&self.name)
@@ -78,7 +79,18 @@ impl KeyExtractor for Header {
                 self.name, self.max_len
             )));
         }
-        Ok(value.to_owned())
+        Ok(value)
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
+        self.value(parts).map(str::to_owned)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        key.push_str(self.value(parts)?);
+        Ok(())
     }
 }
 

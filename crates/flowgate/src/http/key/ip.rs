@@ -14,7 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::request::Parts;
-use http::{Extensions, HeaderMap, StatusCode};
+use http::{Extensions, HeaderMap, HeaderName, StatusCode};
 use ipnet::IpNet;
 
 use super::{KeyExtractor, KeyRejection};
@@ -120,39 +120,74 @@ impl PeerIp {
 
     /// `ip` as a key: the whole address, or `network/prefix` when keyed by a prefix.
     pub fn key_of(&self, ip: IpAddr) -> String {
-        match ip.to_canonical() {
+        let mut key = String::with_capacity(15);
+        self.push_key(ip, &mut key);
+        key
+    }
+
+    /// Appends [`key_of(ip)`](Self::key_of) to `key`.
+    fn push_key(&self, ip: IpAddr, key: &mut String) {
+        use std::fmt::Write;
+        // Writing to a `String` cannot fail.
+        let _ = match ip.to_canonical() {
             IpAddr::V4(a) if self.v4_prefix >= 32 => {
-                // Dotted quad by hand: `Ipv4Addr`'s `Display` costs more than the rest of the
-                // key extraction.
-                let mut key = String::with_capacity(15);
-                for (i, octet) in a.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        key.push('.');
-                    }
-                    crate::http::headers::push_u64(&mut key, u64::from(octet));
-                }
-                key
+                push_dotted_quad(key, a);
+                Ok(())
             }
             IpAddr::V4(a) => {
                 let mask = u32::MAX
                     .checked_shl(32 - u32::from(self.v4_prefix))
                     .unwrap_or(0);
-                format!("{}/{}", Ipv4Addr::from(a.to_bits() & mask), self.v4_prefix)
+                write!(
+                    key,
+                    "{}/{}",
+                    Ipv4Addr::from(a.to_bits() & mask),
+                    self.v4_prefix
+                )
             }
-            IpAddr::V6(a) if self.v6_prefix >= 128 => a.to_string(),
+            IpAddr::V6(a) if self.v6_prefix >= 128 => write!(key, "{a}"),
             IpAddr::V6(a) => {
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.v6_prefix))
                     .unwrap_or(0);
-                format!("{}/{}", Ipv6Addr::from(a.to_bits() & mask), self.v6_prefix)
+                write!(
+                    key,
+                    "{}/{}",
+                    Ipv6Addr::from(a.to_bits() & mask),
+                    self.v6_prefix
+                )
             }
+        };
+    }
+}
+
+/// Appends `ip` as `Display` writes it (`192.0.2.7`), by hand: `Display` costs more than the
+/// rest of the key extraction, and this runs on every request.
+fn push_dotted_quad(key: &mut String, ip: Ipv4Addr) {
+    let digit = |d: u8| char::from(b'0' + d);
+    key.reserve(15);
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            key.push('.');
         }
+        if octet >= 100 {
+            key.push(digit(octet / 100));
+        }
+        if octet >= 10 {
+            key.push(digit(octet / 10 % 10));
+        }
+        key.push(digit(octet % 10));
     }
 }
 
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
         Ok(self.key_of(self.peer(parts)?))
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        self.push_key(self.peer(parts)?, key);
+        Ok(())
     }
 }
 
@@ -237,12 +272,26 @@ impl ClientIp {
         if !self.is_trusted(peer) {
             return Ok(peer);
         }
-        let hops = match self.header {
-            ForwardedHeader::XForwardedFor => x_forwarded_for(&parts.headers),
-            ForwardedHeader::Forwarded => forwarded(&parts.headers),
-        };
+        Ok(match self.header {
+            ForwardedHeader::XForwardedFor => {
+                self.rightmost_untrusted(peer, x_forwarded_for_from_the_right(&parts.headers))
+            }
+            ForwardedHeader::Forwarded => {
+                self.rightmost_untrusted(peer, forwarded(&parts.headers).into_iter().rev())
+            }
+        })
+    }
+
+    /// Walks `hops` from the right (nearest proxy first), skipping trusted proxies: the first
+    /// untrusted address; the leftmost if all are trusted; the last trusted one before an
+    /// unparsable hop; `peer` if there are none.
+    fn rightmost_untrusted(
+        &self,
+        peer: IpAddr,
+        hops: impl Iterator<Item = Option<IpAddr>>,
+    ) -> IpAddr {
         let mut client = peer;
-        for hop in hops.iter().rev() {
+        for hop in hops {
             match hop {
                 Some(ip) => {
                     client = ip.to_canonical();
@@ -253,7 +302,7 @@ impl ClientIp {
                 None => break,
             }
         }
-        Ok(client)
+        client
     }
 }
 
@@ -261,31 +310,41 @@ impl KeyExtractor for ClientIp {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
         Ok(self.peer.key_of(self.client_ip(parts)?))
     }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        self.peer.push_key(self.client_ip(parts)?, key);
+        Ok(())
+    }
 }
+
+/// `X-Forwarded-For`.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The values of every `name` header line, in order, as text (lines that are not visible ASCII
 /// are one unparsable hop).
-fn lines<'a>(headers: &'a HeaderMap, name: &str) -> impl Iterator<Item = Option<&'a str>> {
+fn lines<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> impl DoubleEndedIterator<Item = Option<&'a str>> {
     headers.get_all(name).iter().map(|v| v.to_str().ok())
 }
 
-/// The hops of `X-Forwarded-For`, left to right; `None` for one that is not an address.
-fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut hops = Vec::new();
-    for line in lines(headers, "x-forwarded-for") {
-        match line {
-            Some(line) => hops.extend(line.split(',').map(|h| parse_node(h.trim()))),
-            None => hops.push(None),
-        }
-    }
-    hops
+/// The hops of `X-Forwarded-For`, right to left (the order they are walked in, so nothing is
+/// collected); `None` for one that is not an address.
+fn x_forwarded_for_from_the_right(headers: &HeaderMap) -> impl Iterator<Item = Option<IpAddr>> {
+    lines(headers, &X_FORWARDED_FOR).rev().flat_map(|line| {
+        let hops = line.map(|line| line.rsplit(',').map(|hop| parse_node(hop.trim())));
+        // A line that is not text is one unparsable hop.
+        let unparsable = line.is_none().then_some(None);
+        hops.into_iter().flatten().chain(unparsable)
+    })
 }
 
 /// The `for=` of each element of `Forwarded` (RFC 7239), left to right; `None` for an element
 /// without one or whose node is not an address (`unknown`, `_hidden`).
 fn forwarded(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     let mut hops = Vec::new();
-    for line in lines(headers, "forwarded") {
+    for line in lines(headers, &http::header::FORWARDED) {
         let Some(line) = line else {
             hops.push(None);
             continue;
@@ -401,6 +460,13 @@ mod tests {
         // Garbage stops the walk at the last trusted hop.
         let junk = [("x-forwarded-for", "5.5.5.5, nonsense, 10.7.7.7")];
         assert_eq!(c.extract(&parts("10.0.0.1:1", &junk)).unwrap(), "10.7.7.7");
+        // A line that is not text is one unparsable hop.
+        let mut binary = parts("10.0.0.1:1", &[("x-forwarded-for", "5.5.5.5")]);
+        for line in [&b"\xff"[..], b"10.7.7.7"] {
+            let value = http::HeaderValue::from_bytes(line).unwrap();
+            binary.headers.append("x-forwarded-for", value);
+        }
+        assert_eq!(c.extract(&binary).unwrap(), "10.7.7.7");
         // Ports and brackets as some proxies write them.
         let ported = [("x-forwarded-for", "[2001:db8:1:2::9]:443, 7.7.7.7:80")];
         assert_eq!(c.extract(&parts("10.0.0.1:1", &ported)).unwrap(), "7.7.7.7");
@@ -447,6 +513,14 @@ mod tests {
         let c = trusted();
         assert!(c.is_trusted("::ffff:10.0.0.1".parse().unwrap()));
         assert!(c.is_trusted("2001:db8:ffff:1::1".parse().unwrap()));
+    }
+
+    proptest! {
+        #[test]
+        fn ipv4_keys_are_the_dotted_quad(bits in any::<u32>()) {
+            let ip = Ipv4Addr::from(bits);
+            prop_assert_eq!(PeerIp::new().key_of(IpAddr::V4(ip)), ip.to_string());
+        }
     }
 
     #[test]

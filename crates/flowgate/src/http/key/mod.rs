@@ -88,17 +88,45 @@ impl KeyRejection {
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request, or why there is none.
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection>;
+
+    /// Appends the key for this request to `key`: exactly what [`extract`](Self::extract)
+    /// returns, written in place so that the rate-limit layer can build store keys in a reused
+    /// buffer instead of allocating one per request. The default calls `extract`; extractors
+    /// that can write their key directly override it. After an error, `key` may hold part of a
+    /// key; callers discard it.
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        key.push_str(&self.extract(parts)?);
+        Ok(())
+    }
+}
+
+/// `extract` for extractors that implement `extract_into`.
+fn extract_via_into<E: KeyExtractor + ?Sized>(
+    extractor: &E,
+    parts: &Parts,
+) -> Result<String, KeyRejection> {
+    let mut key = String::new();
+    extractor.extract_into(parts, &mut key)?;
+    Ok(key)
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
         (**self).extract(parts)
     }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        (**self).extract_into(parts, key)
+    }
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Box<E> {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
         (**self).extract(parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        (**self).extract_into(parts, key)
     }
 }
 
@@ -149,6 +177,11 @@ impl KeyExtractor for Global {
     fn extract(&self, _parts: &Parts) -> Result<String, KeyRejection> {
         Ok(self.0.clone().into_owned())
     }
+
+    fn extract_into(&self, _parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        key.push_str(&self.0);
+        Ok(())
+    }
 }
 
 /// Keys requests by their target host: the URI's authority (`api.bank.example:443`), else the
@@ -159,44 +192,68 @@ pub struct Host;
 
 impl KeyExtractor for Host {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
-        if let Some(authority) = parts.uri.authority() {
-            return Ok(authority.as_str().to_ascii_lowercase());
-        }
-        parts
-            .headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .filter(|h| !h.is_empty() && h.len() <= 255)
-            .map(str::to_ascii_lowercase)
-            .ok_or_else(|| KeyRejection::bad_request("the request names no host"))
+        extract_via_into(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        let host = match parts.uri.authority() {
+            Some(authority) => authority.as_str(),
+            None => parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .filter(|h| !h.is_empty() && h.len() <= 255)
+                .ok_or_else(|| KeyRejection::bad_request("the request names no host"))?,
+        };
+        let start = key.len();
+        key.push_str(host);
+        key[start..].make_ascii_lowercase();
+        Ok(())
     }
 }
 
-/// Appends `part` to a composite key, escaping `|` and `\` so that different parts can never
-/// join into the same key.
-fn push_part(key: &mut String, part: &str) {
-    if !key.is_empty() {
+/// Appends one part of a composite key: a `|` before every part but the first, then the part's
+/// key with its `|` and `\` escaped, so that different parts can never join into the same key.
+fn push_part<E: KeyExtractor>(
+    extractor: &E,
+    parts: &Parts,
+    key: &mut String,
+    first: bool,
+) -> Result<(), KeyRejection> {
+    if !first {
         key.push('|');
     }
-    for c in part.chars() {
-        if c == '|' || c == '\\' {
-            key.push('\\');
+    let start = key.len();
+    extractor.extract_into(parts, key)?;
+    if key[start..].contains(['|', '\\']) {
+        let part = key.split_off(start);
+        for c in part.chars() {
+            if c == '|' || c == '\\' {
+                key.push('\\');
+            }
+            key.push(c);
         }
-        key.push(c);
     }
+    Ok(())
 }
 
 macro_rules! composite {
-    ($($name:ident),+) => {
+    ($first:ident $(, $name:ident)+) => {
         /// The parts' keys joined with `|` (each part's `|` and `\` escaped); rejects when any
         /// part rejects.
-        impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
-            #[allow(non_snake_case)]
+        impl<$first: KeyExtractor $(, $name: KeyExtractor)+> KeyExtractor
+            for ($first, $($name,)+)
+        {
             fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
-                let ($($name,)+) = self;
-                let mut key = String::new();
-                $(push_part(&mut key, &$name.extract(parts)?);)+
-                Ok(key)
+                extract_via_into(self, parts)
+            }
+
+            #[allow(non_snake_case)]
+            fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+                let ($first, $($name,)+) = self;
+                push_part($first, parts, key, true)?;
+                $(push_part($name, parts, key, false)?;)+
+                Ok(())
             }
         }
     };
@@ -211,6 +268,95 @@ mod tests {
 
     fn parts() -> Parts {
         http::Request::new(()).into_parts().0
+    }
+
+    #[test]
+    fn extract_into_appends_exactly_what_extract_returns() {
+        let header = || Header::new(http::HeaderName::from_static("x-api-key"));
+        let route = Route::new(["/users/{id}"]).unwrap();
+        let extractors: Vec<(&str, Box<dyn KeyExtractor>)> = vec![
+            ("peer", Box::new(PeerIp::new())),
+            (
+                "peer /24 /48",
+                Box::new(PeerIp::new().ipv4_prefix(24).ipv6_prefix(48)),
+            ),
+            ("peer /128", Box::new(PeerIp::new().ipv6_prefix(128))),
+            (
+                "client",
+                Box::new(ClientIp::new(["10.0.0.0/8".parse().unwrap()])),
+            ),
+            ("header", Box::new(header())),
+            ("route", Box::new(route.clone())),
+            ("route with method", Box::new(route.with_method())),
+            ("host", Box::new(Host)),
+            ("global", Box::new(Global::default())),
+            ("pair", Box::new((Global("a|b\\".into()), header()))),
+            (
+                "triple",
+                Box::new((Global(Cow::Borrowed("")), Host, Global("z".into()))),
+            ),
+            ("closure", Box::new(from_fn(|p| Ok(p.method.to_string())))),
+            ("shared", Box::new(Arc::new(header()))),
+        ];
+        let request = |peer: &str, headers: &[(&str, &str)], uri: &str| {
+            let mut b = http::Request::post(uri);
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            let mut r = b.body(()).unwrap();
+            r.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+            r.into_parts().0
+        };
+        let requests = [
+            request(
+                "10.0.0.1:1",
+                &[("x-forwarded-for", "203.0.113.9")],
+                "/users/7",
+            ),
+            request(
+                "[2001:db8::1]:1",
+                &[("x-api-key", " k|1 "), ("host", "API.example")],
+                "/",
+            ),
+            request(
+                "192.0.2.250:1",
+                &[("x-api-key", "")],
+                "http://Example.COM:8080/x",
+            ),
+        ];
+        for (name, extractor) in &extractors {
+            for parts in &requests {
+                let mut into = String::from("prefix:");
+                match (
+                    extractor.extract(parts),
+                    extractor.extract_into(parts, &mut into),
+                ) {
+                    (Ok(key), Ok(())) => assert_eq!(into, format!("prefix:{key}"), "{name}"),
+                    (Err(a), Err(b)) => assert_eq!(a, b, "{name}"),
+                    (a, b) => panic!("{name}: extract {a:?}, extract_into {b:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn composite_keys_with_empty_parts_stay_apart() {
+        let key = |parts: (&'static str, &'static str, &'static str)| {
+            let (a, b, c) = parts;
+            (Global(a.into()), Global(b.into()), Global(c.into()))
+                .extract(&super::tests::parts())
+                .unwrap()
+        };
+        let keys = [
+            ("", "", "a"),
+            ("", "a", ""),
+            ("a", "", ""),
+            ("", "a", "b"),
+            ("a", "b", ""),
+        ];
+        let distinct: std::collections::HashSet<String> = keys.into_iter().map(key).collect();
+        assert_eq!(distinct.len(), keys.len(), "{distinct:?}");
+        assert_eq!(key(("", "a", "b")), "|a|b");
     }
 
     #[test]

@@ -106,12 +106,16 @@ impl Route {
 
 impl KeyExtractor for Route {
     fn extract(&self, parts: &Parts) -> Result<String, KeyRejection> {
-        let template = self.template(parts);
-        Ok(if self.method {
-            format!("{} {template}", parts.method)
-        } else {
-            template.to_owned()
-        })
+        super::extract_via_into(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut String) -> Result<(), KeyRejection> {
+        if self.method {
+            key.push_str(parts.method.as_str());
+            key.push(' ');
+        }
+        key.push_str(self.template(parts));
+        Ok(())
     }
 }
 
