@@ -325,8 +325,14 @@ async fn a_foreign_value_fails_only_its_own_request() {
         },
     ];
     let results = store.acquire_many(&requests).await;
-    assert_eq!(results[0].as_ref().unwrap().remaining, 4);
-    assert_eq!(results[3].as_ref().unwrap().remaining, 3);
+    // The two requests for "fine" may travel in different batches, racing each other; either
+    // order is a correct answer, and both are granted.
+    let mut fine = [
+        results[0].as_ref().unwrap().remaining,
+        results[3].as_ref().unwrap().remaining,
+    ];
+    fine.sort_unstable();
+    assert_eq!(fine, [3, 4]);
     for r in &results[1..3] {
         match r {
             Err(e @ StoreError::Backend(msg)) => {

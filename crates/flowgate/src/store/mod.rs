@@ -114,7 +114,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Asks for several counters at once, each decided on its own (not all-or-nothing). Stores
-    /// that talk to a server send them together; the default asks one after another.
+    /// that talk to a server send them together; the default asks one after another. Requests
+    /// for the same key within one call may be decided in either order, as concurrent calls
+    /// would be.
     fn acquire_many(
         &self,
         requests: &[Acquire<'_>],
