@@ -10,6 +10,7 @@
 //! * [`cli`]: `serve`, `check-config`, `loadgen`.
 
 pub mod api;
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod metrics;

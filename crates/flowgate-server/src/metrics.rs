@@ -11,15 +11,22 @@
 //! Service-wide: `flowgate_store_errors_total{kind}`, `flowgate_fallback_decisions_total{mode}`,
 //! `flowgate_config_reloads_total{result}`, `flowgate_config_version`, and the latency of each
 //! decision `flowgate_decision_duration_seconds{api}`.
+//!
+//! With a shared store (Redis), read from its fallback at each scrape:
+//! `flowgate_store_failed_calls_total` (calls that failed transiently and fell back),
+//! `flowgate_store_short_circuited_total` (requests decided by their `fail` mode without trying
+//! the store, breaker open), `flowgate_store_breaker_opened_total` and
+//! `flowgate_store_breaker_open` (1 while open).
 
 use flowgate::FailMode;
 use flowgate::policy::descriptor::{Applied, DescriptorVerdict, Status};
 use flowgate::policy::rules::Rule;
-use flowgate::store::StoreError;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use flowgate::store::{FallbackStats, StoreError};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -297,11 +304,66 @@ impl Metrics {
         self.version.set(i64::try_from(version).unwrap_or(i64::MAX));
     }
 
+    /// Exports a shared store's fallback counts, read by `stats` at each scrape.
+    pub fn watch_fallback(&mut self, stats: impl Fn() -> FallbackStats + Send + Sync + 'static) {
+        self.registry
+            .register_collector(Box::new(FallbackCollector(Box::new(stats))));
+    }
+
     /// The OpenMetrics text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Reads a shared store's [`FallbackStats`] at each scrape.
+struct FallbackCollector(Box<dyn Fn() -> FallbackStats + Send + Sync>);
+
+impl std::fmt::Debug for FallbackCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FallbackCollector")
+    }
+}
+
+impl Collector for FallbackCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let stats = (self.0)();
+        let counters = [
+            (
+                "store_failed_calls",
+                "Calls to the shared store that failed transiently (their requests fell back)",
+                stats.store_errors,
+            ),
+            (
+                "store_short_circuited",
+                "Requests decided by their fail mode without asking the store (breaker open)",
+                stats.short_circuited,
+            ),
+            (
+                "store_breaker_opened",
+                "Times the shared store's circuit breaker opened",
+                stats.breaker_opened,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        let open = ConstGauge::new(i64::from(stats.breaker_open));
+        open.encode(encoder.encode_descriptor(
+            "store_breaker_open",
+            "1 while the shared store's circuit breaker is open",
+            None,
+            open.metric_type(),
+        )?)?;
+        Ok(())
     }
 }

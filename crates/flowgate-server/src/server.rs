@@ -5,11 +5,11 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flowgate::store::{DynStore, MemoryStore};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{self, Service};
+use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
 
 /// What the server enforces and where it keeps its counters.
@@ -19,7 +19,7 @@ pub struct ServerConfig {
     /// The validated policy loaded from `files`.
     pub policy: Policy,
     /// Where counters live.
-    pub store: Arc<dyn DynStore>,
+    pub backend: Backend,
     /// Whether to watch `files` and reload on change and SIGHUP.
     pub watch: bool,
     /// Benchmark baseline: answer without deciding (see `docs/service.md`).
@@ -30,6 +30,7 @@ impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerConfig")
             .field("files", &self.files)
+            .field("backend", &self.backend)
             .field("watch", &self.watch)
             .field("noop", &self.noop)
             .finish_non_exhaustive()
@@ -44,7 +45,7 @@ impl ServerConfig {
         Ok(ServerConfig {
             files,
             policy,
-            store: Arc::new(MemoryStore::new()),
+            backend: Backend::default(),
             watch: true,
             noop: false,
         })
@@ -66,7 +67,7 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let mut service = Service::new(config.policy, config.store);
+    let mut service = Service::new(config.policy, config.backend);
     if config.noop {
         service = service.into_noop();
     }

@@ -3,9 +3,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{free_port, http_get};
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
@@ -68,26 +72,6 @@ fn check_config_accepts_valid_files_and_names_line_and_column_of_errors() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("missing.yaml: cannot read"), "{stderr}");
-}
-
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    conn.read_to_string(&mut response).ok()?;
-    Some(response)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! | `POST /json` | the RLS request/response in proto-JSON, as envoyproxy/ratelimit: 200 or 429 |
 //! | `POST /v1/check` | Flowgate's JSON: per descriptor `allowed, limit, remaining, reset_after_ms, retry_after_ms, algorithm, name, shadow`; 200 or 429 |
 //! | `GET /healthz` | the process is up |
-//! | `GET /readyz` | a configuration is loaded and the store answers (503 otherwise) |
+//! | `GET /readyz` | a configuration is loaded and the store answers (503 otherwise; with Redis, Redis itself is asked) |
 //! | `GET /metrics` | Prometheus / OpenMetrics text |
 //! | `GET /v1/config` | the active rules and configuration version |
 //!
@@ -56,22 +56,16 @@ fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
 fn add_headers(response: &mut Response, headers: Vec<(&'static str, String)>, denied: bool) {
     let map: &mut HeaderMap = response.headers_mut();
     for (name, value) in headers {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            map.insert(HeaderName::from_static(lowercase(name)), value);
+        // `from_bytes` lower-cases the name, as HTTP/2 requires.
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            map.insert(name, value);
         }
     }
     if denied {
         map.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
-}
-
-/// The lower-case spelling HTTP/2 and `HeaderName::from_static` require.
-fn lowercase(name: &'static str) -> &'static str {
-    match name {
-        "RateLimit-Policy" => "ratelimit-policy",
-        "RateLimit" => "ratelimit",
-        "Retry-After" => "retry-after",
-        other => other,
     }
 }
 
@@ -345,10 +339,13 @@ fn noop_check(active: &Active, descriptors: usize) -> Response {
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
     let version = service.active().version;
     let store = service.store_reachable(READY_TIMEOUT).await;
+    let backend = service.backend();
     let body = serde_json::json!({
         "ready": store,
         "config_version": version,
         "store": if store { "ok" } else { "unreachable" },
+        "store_kind": backend.kind(),
+        "breaker_open": backend.fallback_stats().is_some_and(|s| s.breaker_open),
     });
     let status = if store {
         StatusCode::OK

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use flowgate::policy::descriptor::{self, Descriptor, Verdict};
-use flowgate::store::{Acquire, DynStore, Store, StoreError};
-use flowgate::{Decision, Quota};
+use flowgate::policy::descriptor::{Descriptor, Verdict};
+
+use crate::backend::Backend;
 
 use crate::config::{ConfigErrors, Policy, reload};
 use crate::metrics::{Api, Metrics, RuleCounters};
@@ -35,7 +35,7 @@ pub struct Service {
     /// The running policy; replaced whole on reload, read without locks.
     active: ArcSwap<Active>,
     /// Where the counters live.
-    store: SharedStore,
+    backend: Backend,
     /// Every metric.
     metrics: Metrics,
     /// The last version handed out.
@@ -54,9 +54,13 @@ impl std::fmt::Debug for Service {
 }
 
 impl Service {
-    /// A service enforcing `policy` with `store`.
-    pub fn new(policy: Policy, store: Arc<dyn DynStore>) -> Self {
-        let metrics = Metrics::new();
+    /// A service enforcing `policy`, counting in `backend`.
+    pub fn new(policy: Policy, backend: Backend) -> Self {
+        let mut metrics = Metrics::new();
+        if let Backend::Shared(store) = &backend {
+            let store = store.clone();
+            metrics.watch_fallback(move || store.stats());
+        }
         let counters = metrics.rule_counters(policy.rules.rules());
         metrics.set_version(1);
         Service {
@@ -65,7 +69,7 @@ impl Service {
                 version: 1,
                 counters,
             }),
-            store: SharedStore(store),
+            backend,
             metrics,
             version: AtomicU64::new(1),
             noop: false,
@@ -94,9 +98,9 @@ impl Service {
         &self.metrics
     }
 
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn DynStore> {
-        &self.store.0
+    /// Where the counters live.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// Decides a request against `active` and records its metrics.
@@ -109,14 +113,10 @@ impl Service {
         hits_addend: u64,
     ) -> Verdict<'a> {
         let started = Instant::now();
-        let verdict = descriptor::check(
-            &active.policy.rules,
-            &self.store,
-            domain,
-            descriptors,
-            hits_addend,
-        )
-        .await;
+        let verdict = self
+            .backend
+            .check(&active.policy.rules, domain, descriptors, hits_addend)
+            .await;
         for (result, request) in verdict.descriptors.iter().zip(descriptors) {
             self.metrics
                 .record(domain, result, &active.counters, || detail_name(request));
@@ -126,39 +126,10 @@ impl Service {
         verdict
     }
 
-    /// Whether the store answers within `timeout` (a zero-cost peek of a probe key).
+    /// Whether the store answers within `timeout` (a zero-cost peek of a probe key; a shared
+    /// store is asked itself, not its fallback).
     pub async fn store_reachable(&self, timeout: Duration) -> bool {
-        let Ok(quota) = flowgate::Quota::per_second(1) else {
-            return false;
-        };
-        matches!(
-            tokio::time::timeout(timeout, self.store.peek("flowgate:readyz", &quota)).await,
-            Ok(Ok(_))
-        )
-    }
-}
-
-/// The service's store handle: `Arc<dyn DynStore>` as a [`Store`] of a named type, which keeps
-/// the futures of the API handlers provably `Send` (rustc cannot prove it through the
-/// library's blanket `Store for Arc<dyn DynStore>` inside `async` handlers).
-#[derive(Clone)]
-pub struct SharedStore(pub Arc<dyn DynStore>);
-
-impl Store for SharedStore {
-    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
-        self.0.acquire_boxed(key, quota, cost).await
-    }
-
-    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
-        self.0.acquire_many_boxed(requests).await
-    }
-
-    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
-        self.0.refund_boxed(key, quota, units).await
-    }
-
-    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
-        self.0.reset_boxed(key, quota).await
+        self.backend.reachable(timeout).await
     }
 }
 

@@ -19,6 +19,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt64Value};
+use flowgate::FailMode;
 use flowgate::policy::descriptor::{
     Applied, Descriptor, DescriptorVerdict, Entry, LimitOverride, Status, Verdict,
 };
@@ -200,7 +201,26 @@ pub fn response_headers(verdict: &Verdict<'_>) -> Vec<(&'static str, String)> {
     if let Some(secs) = retry_after_secs(verdict) {
         out.push(("Retry-After", secs.to_string()));
     }
+    if let Some(mode) = fallback_mode(verdict) {
+        out.push((FALLBACK_HEADER, mode.to_owned()));
+    }
     out
+}
+
+/// Set on answers that a failure mode decided because the shared store was away: `open`,
+/// `closed` or `local` (the first such descriptor's).
+pub const FALLBACK_HEADER: &str = "Flowgate-Fallback";
+
+/// The failure mode that decided some descriptor of `verdict`, if any did.
+fn fallback_mode(verdict: &Verdict<'_>) -> Option<&'static str> {
+    verdict.descriptors.iter().find_map(|d| match &d.status {
+        Status::Checked(decision) => decision.fallback.map(|mode| match mode {
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+            FailMode::Local => "local",
+        }),
+        _ => None,
+    })
 }
 
 fn status_of(d: &DescriptorVerdict<'_>) -> DescriptorStatus {

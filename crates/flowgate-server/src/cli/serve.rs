@@ -3,9 +3,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use flowgate::FailMode;
 use tokio::net::TcpListener;
 
+use crate::backend::SharedOptions;
 use crate::server::{self, Listeners, ServerConfig};
 
 /// Flags of `flowgate serve`.
@@ -21,6 +24,32 @@ pub struct ServeArgs {
     /// Address of the Envoy rate-limit gRPC API.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub grpc: SocketAddr,
+    /// Count in Redis, so that every instance given the same Redis enforces one limit, e.g.
+    /// `redis://127.0.0.1:6379/0`. Several URLs (repeated or comma-separated) are the seed
+    /// nodes of a Redis Cluster. Without it, counters live in this process's memory.
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    pub redis: Vec<String>,
+    /// Treat a single `--redis` URL as a Redis Cluster seed node.
+    #[arg(long, requires = "redis")]
+    pub redis_cluster: bool,
+    /// Prefix of every Redis key (instances sharing a limit must use the same one).
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "flowgate:",
+        requires = "redis"
+    )]
+    pub redis_prefix: String,
+    /// Longest a Redis call may take before the request falls back to its rule's `fail` mode.
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = humantime::parse_duration, requires = "redis")]
+    pub redis_timeout: Duration,
+    /// What rules without a `fail` field do while Redis is away: `open` (allow), `closed`
+    /// (deny) or `local` (this instance's share of the limit, see `--instances`).
+    #[arg(long, value_name = "MODE", default_value = "open", value_parser = parse_fail_mode)]
+    pub fail: FailMode,
+    /// How many instances share the Redis: with `fail: local`, each grants 1/N of a limit.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub instances: u64,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
@@ -36,6 +65,10 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
         }
     };
     config.noop = args.noop;
+    let shared = SharedOptions {
+        fail: args.fail,
+        instances: args.instances,
+    };
     let runtime = match super::runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -44,6 +77,21 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        if !args.redis.is_empty() {
+            let redis = RedisArgs {
+                urls: args.redis,
+                cluster: args.redis_cluster,
+                prefix: args.redis_prefix,
+                timeout: args.redis_timeout,
+            };
+            match connect_redis(redis, shared).await {
+                Ok(backend) => config.backend = backend,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
         let (http, grpc) = match (bind(args.http).await, bind(args.grpc).await) {
             (Ok(http), Ok(grpc)) => (http, grpc),
             (Err(e), _) | (_, Err(e)) => {
@@ -55,6 +103,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             http = %args.http,
             grpc = %args.grpc,
             rules = config.policy.rules.rules().len(),
+            store = config.backend.kind(),
             "flowgate serving"
         );
         let listeners = Listeners {
@@ -78,4 +127,49 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))
+}
+
+fn parse_fail_mode(s: &str) -> Result<FailMode, String> {
+    s.parse()
+}
+
+/// Where and how to reach Redis.
+struct RedisArgs {
+    urls: Vec<String>,
+    cluster: bool,
+    prefix: String,
+    timeout: Duration,
+}
+
+#[cfg(feature = "redis")]
+async fn connect_redis(
+    redis: RedisArgs,
+    shared: SharedOptions,
+) -> Result<crate::backend::Backend, String> {
+    use flowgate::store::RedisStore;
+    let what = redis.urls.join(",");
+    let builder = if redis.cluster || redis.urls.len() > 1 {
+        RedisStore::cluster_builder(redis.urls)
+    } else {
+        RedisStore::builder(redis.urls.concat())
+    };
+    let store = builder
+        .prefix(redis.prefix)
+        .timeout(redis.timeout)
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to Redis at {what}: {e}"))?;
+    tracing::info!(redis = %what, fail = ?shared.fail, instances = shared.instances, "counting in Redis");
+    Ok(crate::backend::Backend::shared(
+        std::sync::Arc::new(store),
+        shared,
+    ))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn connect_redis(
+    _redis: RedisArgs,
+    _shared: SharedOptions,
+) -> Result<crate::backend::Backend, String> {
+    Err("--redis needs flowgate built with the `redis` feature (on by default)".to_owned())
 }

@@ -1,7 +1,8 @@
 //! A real server on loopback port 0, and real HTTP and gRPC clients for it.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -192,3 +193,25 @@ pub async fn should(
 
 pub const OK: i32 = 1;
 pub const OVER_LIMIT: i32 = 2;
+
+/// A loopback address whose port was free a moment ago.
+pub fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// `GET path` over a fresh HTTP/1.1 connection; the whole response, or `None` if none came.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    Some(response)
+}

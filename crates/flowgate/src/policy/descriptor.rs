@@ -38,12 +38,13 @@
 
 use std::time::Duration;
 
-use crate::decision::Decision;
+use crate::decision::{Decision, FailMode};
 use crate::quota::{Algorithm, Quota, QuotaError};
-use crate::store::{Acquire, Store, StoreError};
+use crate::store::{Acquire, FallbackStore, Store, StoreError};
 
-use super::acquire_all;
 use super::rules::{Rate, Rule, RuleSet, Unit, quota_suffix};
+use super::{Outcome, acquire_all, settle};
+use crate::clock::Clock;
 
 /// The algorithm of rules that do not name one, and of limit overrides.
 pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingWindow;
@@ -131,6 +132,14 @@ impl Applied<'_> {
     /// Whether the limit counts without denying.
     pub fn shadow_mode(&self) -> bool {
         matches!(self, Applied::Rule(rule) if rule.shadow_mode)
+    }
+
+    /// The rule's failure mode (`fail`), if it sets one; overrides use the store's default.
+    pub fn fail(&self) -> Option<FailMode> {
+        match self {
+            Applied::Rule(rule) => rule.fail,
+            Applied::Override(..) => None,
+        }
     }
 }
 
@@ -343,6 +352,98 @@ pub async fn check<'r, S: Store>(
     descriptors: &[Descriptor],
     hits_addend: u64,
 ) -> Verdict<'r> {
+    check_in(rules, &Plain(store), domain, descriptors, hits_addend).await
+}
+
+/// Like [`check`], counting in a [`FallbackStore`] that is told each rule's `fail` mode: while
+/// the shared store (Redis) is away, a rule with `fail: closed` denies, `fail: local` decides
+/// with this instance's share of the quota, and `fail: open` (or no `fail`, with the store's
+/// default mode) allows. Such decisions carry [`Decision::fallback`].
+pub async fn check_with_fallback<'r, S: Store, C: Clock + Clone>(
+    rules: &'r RuleSet,
+    store: &FallbackStore<S, C>,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits_addend: u64,
+) -> Verdict<'r> {
+    check_in(rules, &WithModes(store), domain, descriptors, hits_addend).await
+}
+
+/// How [`check_in`] asks for units: from a plain [`Store`], or from a [`FallbackStore`] told
+/// each limit's failure mode.
+trait Counters: Sync {
+    /// Asks for one limit's units.
+    fn acquire_one(
+        &self,
+        request: Acquire<'_>,
+        fail: Option<FailMode>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Asks for every limit's units; gives them back unless every enforced one grants.
+    fn acquire_every(
+        &self,
+        requests: &[Acquire<'_>],
+        fails: &[Option<FailMode>],
+        enforced: impl Fn(usize) -> bool + Send,
+    ) -> impl Future<Output = Outcome> + Send;
+}
+
+/// A store whose errors are reported as they are.
+struct Plain<'s, S>(&'s S);
+
+impl<S: Store> Counters for Plain<'_, S> {
+    fn acquire_one(
+        &self,
+        request: Acquire<'_>,
+        _fail: Option<FailMode>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.0.acquire(request.key, request.quota, request.cost)
+    }
+
+    fn acquire_every(
+        &self,
+        requests: &[Acquire<'_>],
+        _fails: &[Option<FailMode>],
+        enforced: impl Fn(usize) -> bool + Send,
+    ) -> impl Future<Output = Outcome> + Send {
+        acquire_all(self.0, requests, enforced)
+    }
+}
+
+/// A fallback store, told each limit's failure mode.
+struct WithModes<'s, S, C: Clock>(&'s FallbackStore<S, C>);
+
+impl<S: Store, C: Clock + Clone> Counters for WithModes<'_, S, C> {
+    fn acquire_one(
+        &self,
+        request: Acquire<'_>,
+        fail: Option<FailMode>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let mode = fail.unwrap_or(self.0.fail_mode());
+        self.0
+            .acquire_with(request.key, request.quota, request.cost, mode)
+    }
+
+    async fn acquire_every(
+        &self,
+        requests: &[Acquire<'_>],
+        fails: &[Option<FailMode>],
+        enforced: impl Fn(usize) -> bool + Send,
+    ) -> Outcome {
+        let default = self.0.fail_mode();
+        let modes: Vec<FailMode> = fails.iter().map(|f| f.unwrap_or(default)).collect();
+        let results = self.0.acquire_many_with(requests, &modes).await;
+        settle(self.0, requests, results, enforced).await
+    }
+}
+
+async fn check_in<'r, C: Counters>(
+    rules: &'r RuleSet,
+    store: &C,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits_addend: u64,
+) -> Verdict<'r> {
     let mut verdicts = match resolve(rules, domain, descriptors, hits_addend) {
         Ok(verdicts) => verdicts,
         Err(e) => {
@@ -396,10 +497,13 @@ pub async fn check<'r, S: Store>(
             let v = &verdicts[i];
             let quota = counted(v).unwrap_or_else(fallback_quota);
             let key = key_of(v, &descriptors[i], &quota);
-            (
-                Some(store.acquire(&key, &quota, cost(v.hits)).await),
-                Vec::new(),
-            )
+            let request = Acquire {
+                key: &key,
+                quota: &quota,
+                cost: cost(v.hits),
+            };
+            let fail = v.applied.and_then(|a| a.fail());
+            (Some(store.acquire_one(request, fail).await), Vec::new())
         }
         _ => {
             let mut keys = Vec::with_capacity(many);
@@ -407,21 +511,23 @@ pub async fn check<'r, S: Store>(
             for (v, descriptor) in verdicts.iter().zip(descriptors) {
                 if let (Some(quota), Some(applied)) = (counted(v), v.applied) {
                     keys.push(key_of(v, descriptor, &quota));
-                    quotas.push((quota, v.hits, applied.shadow_mode()));
+                    quotas.push((quota, v.hits, applied.shadow_mode(), applied.fail()));
                 }
             }
             let requests: Vec<Acquire<'_>> = keys
                 .iter()
                 .zip(&quotas)
-                .map(|(key, (quota, hits, _))| Acquire {
+                .map(|(key, (quota, hits, _, _))| Acquire {
                     key,
                     quota,
                     cost: cost(*hits),
                 })
                 .collect();
+            let fails: Vec<Option<FailMode>> = quotas.iter().map(|q| q.3).collect();
             (
                 None,
-                acquire_all(store, &requests, |i| !quotas[i].2)
+                store
+                    .acquire_every(&requests, &fails, |i| !quotas[i].2)
                     .await
                     .results,
             )

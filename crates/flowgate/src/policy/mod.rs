@@ -78,6 +78,17 @@ pub async fn acquire_all<S: Store>(
     enforced: impl Fn(usize) -> bool,
 ) -> Outcome {
     let results = store.acquire_many(requests).await;
+    settle(store, requests, results, enforced).await
+}
+
+/// The second half of [`acquire_all`]: given the store's `results` for `requests`, gives back
+/// every granted unit unless every enforced request was granted.
+pub(crate) async fn settle<S: Store>(
+    store: &S,
+    requests: &[Acquire<'_>],
+    results: Vec<Result<Decision, StoreError>>,
+    enforced: impl Fn(usize) -> bool,
+) -> Outcome {
     let allowed = results
         .iter()
         .enumerate()

@@ -254,6 +254,11 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
         &self.inner
     }
 
+    /// The mode used when a request names none (see [`FallbackStoreBuilder::fail`]).
+    pub fn fail_mode(&self) -> FailMode {
+        self.default_mode
+    }
+
     /// Counts of fallback decisions and breaker events so far.
     pub fn stats(&self) -> FallbackStats {
         let c = &self.counters;

@@ -54,12 +54,16 @@ fn scratch_dir(port: u16) -> PathBuf {
 fn wait_ready(port: u16, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) {
-            if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) {
-                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                    return true;
-                }
-            }
+        let pong = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .ok()
+            .and_then(|client| {
+                client
+                    .get_connection_with_timeout(Duration::from_millis(200))
+                    .ok()
+            })
+            .is_some_and(|mut conn| redis::cmd("PING").query::<String>(&mut conn).is_ok());
+        if pong {
+            return true;
         }
         std::thread::sleep(Duration::from_millis(10));
     }

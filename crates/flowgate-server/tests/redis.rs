@@ -1,0 +1,345 @@
+//! `flowgate serve --redis`: servers counting in real `redis-server` processes (and a real
+//! 3-master Redis Cluster) started by the tests on free ports. Several servers sharing one Redis
+//! enforce one limit; while Redis is away each rule's `fail` mode decides, marked in the answer
+//! and the metrics; the service recovers when Redis returns.
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "../../flowgate/tests/common/redis.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod redis_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{OK, OVER_LIMIT, TestServer, descriptor, free_port, http_get, request, should};
+use flowgate::FailMode;
+use flowgate::store::RedisStore;
+use flowgate_server::backend::{Backend, SharedOptions};
+use flowgate_server::server::ServerConfig;
+use redis_support::{RedisCluster, RedisServer};
+
+const SHARED: &str = r#"
+domain: shared
+descriptors:
+  - key: gcra
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: gcra}
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_log}
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 10}
+"#;
+
+const OUTAGE: &str = r#"
+domain: outage
+descriptors:
+  - key: open
+    rate_limit: {unit: minute, requests_per_unit: 5, fail: open}
+  - key: closed
+    rate_limit: {unit: minute, requests_per_unit: 5, fail: closed}
+  - key: local
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: gcra, fail: local}
+"#;
+
+/// A server for `yaml`, counting in `store`.
+async fn serve(yaml: &str, store: RedisStore, options: SharedOptions) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+    config.backend = Backend::shared(Arc::new(store), options);
+    TestServer::start_with(config, dir, vec![path]).await
+}
+
+/// `/v1/check` body for one descriptor `key=value`.
+fn check_body(domain: &str, key: &str, value: &str) -> String {
+    format!(
+        r#"{{"domain":"{domain}","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    )
+}
+
+/// Sends `calls` requests for `key=value`, alternating between `servers` over gRPC, two at a
+/// time (one per server); returns how many were allowed.
+async fn admitted(servers: &[&TestServer], key: &str, value: &str, calls: usize) -> usize {
+    let mut clients = Vec::new();
+    for server in servers {
+        clients.push(server.rls().await);
+    }
+    let mut allowed = 0;
+    let mut sent = 0;
+    while sent < calls {
+        let mut answers = Vec::new();
+        for client in &mut clients {
+            if sent == calls {
+                break;
+            }
+            sent += 1;
+            let mut client = client.clone();
+            let req = request("shared", vec![descriptor(&[(key, value)])]);
+            answers.push(tokio::spawn(async move { should(&mut client, req).await }));
+        }
+        for answer in answers {
+            let response = answer.await.unwrap();
+            match response.overall_code {
+                OK => allowed += 1,
+                OVER_LIMIT => {}
+                other => panic!("unexpected code {other}: {response:?}"),
+            }
+        }
+    }
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_sharing_one_redis_enforce_one_limit() {
+    let Some(redis) = RedisServer::start("two_servers_sharing_one_redis_enforce_one_limit") else {
+        return;
+    };
+    let connect = || {
+        RedisStore::builder(redis.url())
+            .timeout(Duration::from_secs(2))
+            .connect()
+    };
+    let a = serve(SHARED, connect().await.unwrap(), SharedOptions::default()).await;
+    let b = serve(SHARED, connect().await.unwrap(), SharedOptions::default()).await;
+    for key in ["gcra", "fixed", "log", "sliding"] {
+        let allowed = admitted(&[&a, &b], key, "alice", 40).await;
+        assert_eq!(allowed, 10, "{key}: two servers, one limit of 10");
+    }
+    // The answers came from Redis, not a fallback.
+    let check = b
+        .post("/v1/check", &check_body("shared", "gcra", "bob"))
+        .await;
+    assert_eq!(check.status, 200, "{}", check.body);
+    assert_eq!(check.json()["descriptors"][0]["remaining"], 9);
+    assert!(check.json()["descriptors"][0]["fallback"].is_null());
+    assert_eq!(check.header("flowgate-fallback"), None);
+    let ready = a.get("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.json()["store_kind"], "shared");
+    assert_eq!(a.metric("flowgate_store_breaker_open").await, 0.0);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_follows_each_rules_fail_mode_and_recovers() {
+    let Some(mut redis) =
+        RedisServer::start("redis_outage_follows_each_rules_fail_mode_and_recovers")
+    else {
+        return;
+    };
+    let timeout = Duration::from_millis(50);
+    let store = RedisStore::builder(redis.url())
+        .timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let options = SharedOptions {
+        fail: FailMode::Closed,
+        instances: 2,
+    };
+    let server = serve(OUTAGE, store, options).await;
+    let check = |key: &str| check_body("outage", key, "x");
+
+    let before = server.post("/v1/check", &check("closed")).await;
+    assert_eq!(before.status, 200, "{}", before.body);
+    assert_eq!(before.header("flowgate-fallback"), None);
+
+    redis.kill();
+
+    // fail: open allows, marked.
+    for _ in 0..3 {
+        let started = Instant::now();
+        let open = server.post("/v1/check", &check("open")).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "answered in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(open.status, 200, "{}", open.body);
+        assert_eq!(open.header("flowgate-fallback"), Some("open"));
+        assert_eq!(open.json()["descriptors"][0]["fallback"], "open");
+    }
+    // fail: closed denies, marked, with a Retry-After.
+    let closed = server.post("/v1/check", &check("closed")).await;
+    assert_eq!(closed.status, 429, "{}", closed.body);
+    assert_eq!(closed.header("flowgate-fallback"), Some("closed"));
+    assert!(closed.header("retry-after").is_some());
+    // fail: local grants this instance's share: 5 / 2 instances = 2.
+    let mut local = Vec::new();
+    for _ in 0..4 {
+        let answer = server.post("/v1/check", &check("local")).await;
+        assert_eq!(answer.header("flowgate-fallback"), Some("local"));
+        local.push(answer.status);
+    }
+    assert_eq!(local, [200, 200, 429, 429]);
+    // The same over gRPC: the mark is in response_headers_to_add.
+    let mut client = server.rls().await;
+    let response = should(
+        &mut client,
+        request("outage", vec![descriptor(&[("open", "grpc")])]),
+    )
+    .await;
+    assert_eq!(response.overall_code, OK);
+    assert!(
+        response
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key == "Flowgate-Fallback" && h.value == "open"),
+        "{response:?}"
+    );
+
+    let ready = server.get("/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert_eq!(ready.json()["store"], "unreachable");
+    assert!(
+        server
+            .metric("flowgate_fallback_decisions_total{mode=\"open\"}")
+            .await
+            >= 4.0
+    );
+    assert!(
+        server
+            .metric("flowgate_fallback_decisions_total{mode=\"closed\"}")
+            .await
+            >= 1.0
+    );
+    assert!(
+        server
+            .metric("flowgate_fallback_decisions_total{mode=\"local\"}")
+            .await
+            >= 4.0
+    );
+    assert!(server.metric("flowgate_store_breaker_opened_total").await >= 1.0);
+
+    // Redis returns (empty: it keeps nothing on disk); the service follows within seconds.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = server.post("/v1/check", &check("closed")).await;
+        if answer.status == 200 && answer.header("flowgate-fallback").is_none() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no recovery: {}", answer.body);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ready = server.get("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(server.metric("flowgate_store_breaker_open").await, 0.0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_a_redis_cluster_enforce_one_limit() {
+    let Some(cluster) =
+        RedisCluster::start("two_servers_on_a_redis_cluster_enforce_one_limit", 3, 0)
+    else {
+        return;
+    };
+    let connect = || {
+        RedisStore::cluster_builder(cluster.urls())
+            .timeout(Duration::from_secs(2))
+            .connect()
+    };
+    let a = serve(SHARED, connect().await.unwrap(), SharedOptions::default()).await;
+    let b = serve(SHARED, connect().await.unwrap(), SharedOptions::default()).await;
+    // Distinct values spread the counters over the three masters.
+    for (key, value) in [
+        ("gcra", "a"),
+        ("fixed", "b"),
+        ("log", "c"),
+        ("sliding", "d"),
+    ] {
+        for user in 0..3 {
+            let value = format!("{value}{user}");
+            let allowed = admitted(&[&a, &b], key, &value, 25).await;
+            assert_eq!(allowed, 10, "{key}={value}: two servers, one limit of 10");
+        }
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+
+#[test]
+fn the_binary_counts_in_redis_with_the_redis_flag_and_refuses_to_start_without_it() {
+    let Some(redis) = RedisServer::start("the_binary_counts_in_redis_with_the_redis_flag") else {
+        return;
+    };
+    // Nothing listens on a just-freed port: a clear error and exit code 1.
+    let nowhere = format!("redis://{}", free_port());
+    let out = std::process::Command::new(FLOWGATE)
+        .args(["serve", "--redis", &nowhere, "--redis-timeout", "200ms"])
+        .args([
+            "--http",
+            &free_port().to_string(),
+            "--grpc",
+            &free_port().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot connect to Redis at"), "{stderr}");
+
+    let http = free_port();
+    let mut child = std::process::Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--redis",
+            &redis.url(),
+            "--fail",
+            "local",
+            "--instances",
+            "3",
+        ])
+        .args([
+            "--http",
+            &http.to_string(),
+            "--grpc",
+            &free_port().to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ready = loop {
+        if let Some(ready) = http_get(http, "/readyz") {
+            break ready;
+        }
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // One check of the built-in policy writes its counter into this Redis.
+    let body = r#"{"domain":"default","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+    let checked = post(http, "/v1/check", body);
+    let keys = redis.cli(&["KEYS", "flowgate:*"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(ready.contains(r#""store_kind":"shared""#), "{ready}");
+    assert!(checked.starts_with("HTTP/1.1 200"), "{checked}");
+    assert!(keys.contains("user=u"), "keys in Redis: {keys}");
+}
+
+/// `POST path` with a JSON body over a fresh connection; the whole response.
+fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    response
+}
