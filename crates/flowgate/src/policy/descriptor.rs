@@ -300,15 +300,25 @@ fn key_with_suffix(domain: &str, entries: &[Entry], suffix: &str) -> String {
                 .sum::<usize>()
             + suffix.len(),
     );
-    escape_into(&mut key, domain);
+    write_key(&mut key, domain, entries, suffix);
+    key
+}
+
+/// Appends the counter key of `entries` to `key`.
+fn write_key(key: &mut String, domain: &str, entries: &[Entry], suffix: &str) {
+    escape_into(key, domain);
     for entry in entries {
         key.push('|');
-        escape_into(&mut key, &entry.key);
+        escape_into(key, &entry.key);
         key.push('=');
-        escape_into(&mut key, &entry.value);
+        escape_into(key, &entry.value);
     }
     key.push_str(suffix);
-    key
+}
+
+thread_local! {
+    /// A reused buffer for the counter key of a request asked of a store that answers at once.
+    static KEY_SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 /// Appends `s` with the key's separators (`|`, `=`, `#`) and the escape character escaped.
@@ -372,6 +382,9 @@ pub async fn check_with_fallback<'r, S: Store, C: Clock + Clone>(
 /// How [`check_in`] asks for units: from a plain [`Store`], or from a [`FallbackStore`] told
 /// each limit's failure mode.
 trait Counters: Sync {
+    /// Asks for one limit's units without waiting, if the store can answer at once.
+    fn try_now(&self, request: Acquire<'_>) -> Option<Result<Decision, StoreError>>;
+
     /// Asks for one limit's units.
     fn acquire_one(
         &self,
@@ -392,6 +405,11 @@ trait Counters: Sync {
 struct Plain<'s, S>(&'s S);
 
 impl<S: Store> Counters for Plain<'_, S> {
+    fn try_now(&self, request: Acquire<'_>) -> Option<Result<Decision, StoreError>> {
+        self.0
+            .try_acquire_now(request.key, request.quota, request.cost)
+    }
+
     fn acquire_one(
         &self,
         request: Acquire<'_>,
@@ -414,6 +432,11 @@ impl<S: Store> Counters for Plain<'_, S> {
 struct WithModes<'s, S, C: Clock>(&'s FallbackStore<S, C>);
 
 impl<S: Store, C: Clock + Clone> Counters for WithModes<'_, S, C> {
+    /// Never: the fallback's breaker and modes are applied on the way to the store.
+    fn try_now(&self, _request: Acquire<'_>) -> Option<Result<Decision, StoreError>> {
+        None
+    }
+
     fn acquire_one(
         &self,
         request: Acquire<'_>,
@@ -496,14 +519,37 @@ async fn check_in<'r, C: Counters>(
         (Some(i), 1) => {
             let v = &verdicts[i];
             let quota = counted(v).unwrap_or_else(fallback_quota);
-            let key = key_of(v, &descriptors[i], &quota);
-            let request = Acquire {
-                key: &key,
-                quota: &quota,
-                cost: cost(v.hits),
+            let cost = cost(v.hits);
+            // A store that answers at once gets the key in a reused buffer: nothing allocated.
+            let now = KEY_SCRATCH.with_borrow_mut(|key| {
+                key.clear();
+                match v.applied {
+                    Some(Applied::Rule(rule)) => {
+                        write_key(key, domain, &descriptors[i].entries, rule.counter_suffix());
+                    }
+                    _ => write_key(key, domain, &descriptors[i].entries, &quota_suffix(&quota)),
+                }
+                store.try_now(Acquire {
+                    key,
+                    quota: &quota,
+                    cost,
+                })
+            });
+            let answer = match now {
+                Some(answer) => answer,
+                None => {
+                    let key = key_of(v, &descriptors[i], &quota);
+                    let request = Acquire {
+                        key: &key,
+                        quota: &quota,
+                        cost,
+                    };
+                    store
+                        .acquire_one(request, v.applied.and_then(|a| a.fail()))
+                        .await
+                }
             };
-            let fail = v.applied.and_then(|a| a.fail());
-            (Some(store.acquire_one(request, fail).await), Vec::new())
+            (Some(answer), Vec::new())
         }
         _ => {
             let mut keys = Vec::with_capacity(many);
@@ -626,6 +672,51 @@ mod tests {
         match &v.descriptors[i].status {
             Status::Checked(d) => d.remaining,
             other => panic!("descriptor {i} not checked: {other:?}"),
+        }
+    }
+
+    /// The memory store without its at-once answer: every request goes through `acquire`'s
+    /// future and an owned key.
+    struct Waiting(MemoryStore<ManualClock>);
+
+    impl Store for Waiting {
+        async fn acquire(
+            &self,
+            key: &str,
+            quota: &Quota,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            self.0.acquire(key, quota, cost).await
+        }
+        async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+            self.0.refund(key, quota, units).await
+        }
+        async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
+            self.0.reset(key, quota).await
+        }
+    }
+
+    #[tokio::test]
+    async fn answering_at_once_and_through_the_future_agree() {
+        let rules = rules();
+        let (at_once, waiting) = (store(), Waiting(store()));
+        let requests: Vec<Vec<Descriptor>> = vec![
+            vec![one("user", "a")],
+            vec![one("user", "a|b=c#\\")],
+            vec![one("route", "r")],
+            vec![one("user", "banned")],
+            vec![one("global", "g"), one("user", "a")],
+            vec![one("premium", "p"), one("user", "a")],
+            vec![one("nothing", "x")],
+        ];
+        for round in 0..5 {
+            for request in &requests {
+                for hits in [0, 1, 2] {
+                    let a = check(&rules, &at_once, "d", request, hits).await;
+                    let b = check(&rules, &waiting, "d", request, hits).await;
+                    assert_eq!(a, b, "round {round}, {request:?}, hits {hits}");
+                }
+            }
         }
     }
 
