@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use tokio::net::TcpListener;
 
+use crate::config::gateway::DEFAULT_LISTEN;
+use crate::gateway::Upstream;
 use crate::server::{self, Listeners, ServerConfig};
 
 /// Flags of `flowgate serve`.
@@ -21,6 +23,14 @@ pub struct ServeArgs {
     /// Address of the Envoy rate-limit gRPC API.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub grpc: SocketAddr,
+    /// Runs the rate-limiting reverse proxy in front of this upstream (`http://host:port`);
+    /// requests are checked with the configuration's `gateway` section (docs/service.md).
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<Upstream>,
+    /// Address of the gateway (with --upstream); overrides `gateway.listen`
+    /// [default: 127.0.0.1:8000].
+    #[arg(long, value_name = "ADDR", requires = "upstream")]
+    pub gateway: Option<SocketAddr>,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
@@ -36,6 +46,30 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
         }
     };
     config.noop = args.noop;
+    let gateway_addr = match &args.upstream {
+        None => None,
+        Some(upstream) => {
+            if let Err(e) = crate::gateway::effective_config(&config.policy) {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
+            let listen = args
+                .gateway
+                .or_else(|| config.policy.gateway.as_ref().and_then(|g| g.listen));
+            let listen = match listen {
+                Some(addr) => addr,
+                None => match DEFAULT_LISTEN.parse() {
+                    Ok(addr) => addr,
+                    Err(e) => {
+                        tracing::error!("bad default gateway address: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+            };
+            config.upstream = Some(upstream.clone());
+            Some(listen)
+        }
+    };
     let runtime = match super::runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -51,15 +85,29 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let gateway = match gateway_addr {
+            None => None,
+            Some(addr) => match bind(addr).await {
+                Ok(listener) => Some(listener),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
         tracing::info!(
             http = %args.http,
             grpc = %args.grpc,
             rules = config.policy.rules.rules().len(),
             "flowgate serving"
         );
+        if let (Some(addr), Some(upstream)) = (gateway_addr, &args.upstream) {
+            tracing::info!(gateway = %addr, %upstream, "gateway proxying");
+        }
         let listeners = Listeners {
             http: Some(http),
             grpc: Some(grpc),
+            gateway,
         };
         match server::run(config, listeners, server::shutdown_signal()).await {
             Ok(()) => {
