@@ -298,6 +298,9 @@ impl Gateway {
             }
         };
         let (mut parts, body) = response.into_parts();
+        // The gateway's own version towards the client (hyper downgrades for HTTP/1.0
+        // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
+        parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
         for (name, value) in limit_headers {
             if let Some(name) = name {
