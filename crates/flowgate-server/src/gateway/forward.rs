@@ -22,6 +22,10 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 /// with `Transfer-Encoding` also loses `Content-Length` (RFC 9112 §6.3: the two together are
 /// a smuggling attempt or an error, and the length is re-framed on the next hop anyway).
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none, or only `Connection`: look before doing any work.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     // Fields named by Connection, collected first (the map cannot change while borrowed).
     let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(CONNECTION) {
@@ -29,7 +33,8 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
             named.extend(
                 value
                     .split(',')
-                    .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok()),
+                    .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+                    .filter(|name| !is_hop_by_hop(name)),
             );
         }
     }
@@ -52,6 +57,17 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+}
+
+/// Whether `name` is hop-by-hop whatever `Connection` says.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == CONNECTION
+        || name == TRANSFER_ENCODING
+        || name == KEEP_ALIVE
+        || name == TE
+        || name == TRAILER
+        || name == UPGRADE
+        || name.as_str().starts_with("proxy-")
 }
 
 /// Checks the request's `Host` as RFC 9112 §3.2 asks of a server: an HTTP/1.1 request needs
@@ -104,6 +120,11 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr) {
     let ip = client.to_canonical();
     let xff = ip.to_string();
     append_list(headers, &X_FORWARDED_FOR, &xff);
+    if !headers.contains_key(&VIA) {
+        headers.insert(VIA, HeaderValue::from_static(VIA_FLOWGATE));
+    } else {
+        append_list(headers, &VIA, VIA_FLOWGATE);
+    }
 
     let mut element = String::with_capacity(64);
     element.push_str("for=");
@@ -129,12 +150,20 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr) {
     }
     element.push_str(";proto=http");
     append_list(headers, &FORWARDED, &element);
-    append_list(headers, &VIA, "1.1 flowgate");
 }
+
+/// This hop in `Via`.
+const VIA_FLOWGATE: &str = "1.1 flowgate";
 
 /// Appends `item` to the comma-separated list in `name`, folding earlier lines into one
 /// (some upstreams read only the first line).
 fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: &str) {
+    if !headers.contains_key(name) {
+        if let Ok(value) = HeaderValue::from_str(item) {
+            headers.insert(name.clone(), value);
+        }
+        return;
+    }
     let mut joined = String::new();
     for value in headers.get_all(name) {
         if let Ok(value) = value.to_str() {
