@@ -800,3 +800,44 @@ descriptors:
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_gateway_section_applies_without_a_restart() {
+    let upstream = Upstream::start().await;
+    let server = gateway(&per_ip("10.0.0.0/8"), &upstream.url()).await;
+    assert_eq!(get(&server, "/", &[]).await.status, 201);
+    // Now count per API key instead, 1 per hour.
+    let by_key = r#"
+domain: edge
+gateway:
+  descriptors:
+    - [{key: header, header: x-api-key, as: api_key}]
+descriptors:
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 1, name: per_key}
+"#;
+    std::fs::write(&server.files[0], by_key).unwrap();
+    // Bounded wait for the reload (file watching; 10 s at most).
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let version = server.get("/v1/config").await.json()["version"].as_u64();
+        if version == Some(2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reload ({version:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let key = [("x-api-key", "k")];
+    assert_eq!(get(&server, "/", &key).await.status, 201);
+    let denied = get(&server, "/", &key).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.json()["violated-policies"][0], "per_key");
+    // Without a key, the only descriptor is skipped: no limit applies.
+    for _ in 0..3 {
+        assert_eq!(get(&server, "/", &[]).await.status, 201);
+    }
+    server.stop().await;
+}

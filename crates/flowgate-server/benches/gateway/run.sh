@@ -10,6 +10,9 @@
 #   flowgate-mix  same, every other request with an over-limit API key (~50 % answered 429)
 #   nginx         wrk -> nginx limit_req -> upstream    (same limits, same upstream keepalive)
 #   nginx-mix     same mix
+#   *-c4          direct, flowgate and nginx again with 4 connections instead of 32: latency
+#                 when requests do not queue (the "added p99" to quote; at 32 connections
+#                 every scenario saturates its core and p99 is mostly queueing)
 # The upstream is nginx answering `ok` from memory. CPU split (taskset): the proxy under test
 # on CORE_PROXY, wrk and the upstream on CORE_LOAD, so both proxies get exactly one core
 # (flowgate's tokio runtime then runs one worker; nginx runs one worker process).
@@ -23,6 +26,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-2s}
 CONNECTIONS=${CONNECTIONS:-32}
+LAT_CONNECTIONS=${LAT_CONNECTIONS:-4}
 CORE_PROXY=${CORE_PROXY:-0}
 CORE_LOAD=${CORE_LOAD:-1}
 UPSTREAM_PORT=${UPSTREAM_PORT:-18100}
@@ -66,7 +70,7 @@ CONF
 taskset -c "$CORE_LOAD" nginx -c "$OUT/upstream.conf" -e "$OUT/upstream-error.log"
 
 # --- nginx limit_req as the proxy: key `b` limited to 1 per minute, everyone else to a rate
-# that never binds; keep-alive to the upstream ------------------------------------------------
+# that never binds (both limits checked on every request); keep-alive to the upstream ---------
 cat > "$OUT/proxy.conf" <<CONF
 worker_processes 1;
 pid $OUT/proxy.pid;
@@ -79,6 +83,9 @@ http {
   limit_req_zone \$http_x_api_key zone=per_key:10m rate=100000000r/s;
   limit_req_zone \$strict_key zone=strict:10m rate=1r/m;
   limit_req_status 429;
+  # Rejections are logged at `warn`, below the error log's level: Flowgate does not log each
+  # 429 either (nginx's default would write a line per rejection).
+  limit_req_log_level warn;
   upstream up { server 127.0.0.1:$UPSTREAM_PORT; keepalive 256; }
   server {
     listen 127.0.0.1:$NGINX_PORT;
@@ -112,7 +119,8 @@ RUST_LOG=warn taskset -c "$CORE_PROXY" "$FLOWGATE" serve --config "$OUT/flowgate
   --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
   --gateway "127.0.0.1:$FLOWGATE_PORT" --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
   2> "$OUT/flowgate.log" &
-pids+=($!)
+FLOWGATE_PID=$!
+pids+=("$FLOWGATE_PID")
 
 for port in $UPSTREAM_PORT $NGINX_PORT $FLOWGATE_PORT; do
   for _ in $(seq 1 100); do
@@ -130,12 +138,34 @@ request = function()
 end
 LUA
 
-run() { # scenario port [wrk args...]
-  local name=$1 port=$2 round=$3
+# CPU time (user + system, clock ticks) of processes, all threads: robust to the noise of a
+# shared machine, unlike wall-clock throughput.
+ticks() {
+  local total=0 f fields
+  for pid in "$@"; do
+    for f in /proc/"$pid"/task/*/stat; do
+      read -r -a fields < <(sed 's/.*) //' "$f")
+      total=$((total + fields[11] + fields[12]))
+    done
+  done
+  echo "$total"
+}
+
+run() { # scenario port round [wrk args...]
+  local name=$1 port=$2 round=$3 connections=$CONNECTIONS proxy=()
   shift 3
-  taskset -c "$CORE_LOAD" wrk -t1 -c"$CONNECTIONS" -d"$WARMUP" "$@" "http://127.0.0.1:$port/" >/dev/null
-  taskset -c "$CORE_LOAD" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency "$@" \
+  case $name in *-c4) connections=$LAT_CONNECTIONS ;; esac
+  case $name in
+    flowgate*) proxy=("$FLOWGATE_PID") ;;
+    nginx*) mapfile -t proxy < <(pgrep -P "$(cat "$OUT/proxy.pid")") ;;
+    direct*) mapfile -t proxy < <(pgrep -P "$(cat "$OUT/upstream.pid")") ;;
+  esac
+  taskset -c "$CORE_LOAD" wrk -t1 -c"$connections" -d"$WARMUP" "$@" "http://127.0.0.1:$port/" >/dev/null
+  local before
+  before=$(ticks "${proxy[@]}")
+  taskset -c "$CORE_LOAD" wrk -t1 -c"$connections" -d"$DURATION" --latency "$@" \
     "http://127.0.0.1:$port/" > "$OUT/$name.$round.txt"
+  echo "$(( $(ticks "${proxy[@]}") - before )) $(getconf CLK_TCK)" > "$OUT/$name.$round.cpu"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -145,6 +175,9 @@ for round in $(seq 1 "$ROUNDS"); do
   run nginx "$NGINX_PORT" "$round" -H "x-api-key: a"
   run flowgate-mix "$FLOWGATE_PORT" "$round" -s "$OUT/mix.lua"
   run nginx-mix "$NGINX_PORT" "$round" -s "$OUT/mix.lua"
+  run direct-c4 "$UPSTREAM_PORT" "$round" -H "x-api-key: a"
+  run flowgate-c4 "$FLOWGATE_PORT" "$round" -H "x-api-key: a"
+  run nginx-c4 "$NGINX_PORT" "$round" -H "x-api-key: a"
 done
 
 # --- medians -----------------------------------------------------------------------------------
@@ -160,19 +193,24 @@ def parse(path):
     pct = {}
     for p, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", text, re.M):
         pct[p] = float(v) * unit[u]
-    return rps, pct["50"], pct["99"], non2xx / total
+    ticks, hz = map(int, open(path[:-4] + ".cpu").read().split())
+    return rps, pct["50"], pct["99"], non2xx / total, ticks / hz * 1e6 / total
 rows = {}
-for name in ["direct", "flowgate", "nginx", "flowgate-mix", "nginx-mix"]:
+for name in ["direct", "flowgate", "nginx", "flowgate-mix", "nginx-mix",
+             "direct-c4", "flowgate-c4", "nginx-c4"]:
     runs = [parse(f"{out}/{name}.{r}.txt") for r in range(1, rounds + 1)]
     rows[name] = [statistics.median(col) for col in zip(*runs)]
     rows[name].append([round(r[0]) for r in runs])
-print(f"| scenario | req/s (median of {rounds}) | p50 ms | p99 ms | non-2xx | runs (req/s) |")
-print("|---|---|---|---|---|---|")
-for name, (rps, p50, p99, bad, runs) in rows.items():
-    print(f"| {name} | {rps:,.0f} | {p50:.3f} | {p99:.3f} | {bad:.0%} | {runs} |")
-d = rows["direct"]
-for fg, ng in [("flowgate", "nginx"), ("flowgate-mix", "nginx-mix")]:
-    print(f"\n{fg} / {ng} throughput: {rows[fg][0] / rows[ng][0]:.2f}x; "
-          f"p99 added vs direct: {fg} {rows[fg][2] - d[2]:+.3f} ms, {ng} {rows[ng][2] - d[2]:+.3f} ms")
+print(f"| scenario | req/s (median of {rounds}) | p50 ms | p99 ms | non-2xx | CPU µs/request* | runs (req/s) |")
+print("|---|---|---|---|---|---|---|")
+for name, (rps, p50, p99, bad, cpu, runs) in rows.items():
+    print(f"| {name} | {rps:,.0f} | {p50:.3f} | {p99:.3f} | {bad:.0%} | {cpu:.1f} | {runs} |")
+print("\n*CPU time of the proxy (for direct: of the upstream) per request, all threads, user + system.")
+print()
+for fg, ng, direct in [("flowgate", "nginx", "direct"), ("flowgate-mix", "nginx-mix", "direct"),
+                       ("flowgate-c4", "nginx-c4", "direct-c4")]:
+    d = rows[direct]
+    print(f"{fg} / {ng} throughput: {rows[fg][0] / rows[ng][0]:.2f}x; "
+          f"p99 added vs {direct}: {fg} {rows[fg][2] - d[2]:+.3f} ms, {ng} {rows[ng][2] - d[2]:+.3f} ms")
 PY
 echo "raw wrk output: $OUT" >&2
