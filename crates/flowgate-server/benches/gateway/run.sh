@@ -83,7 +83,7 @@ http {
   limit_req_zone \$http_x_api_key zone=per_key:10m rate=100000000r/s;
   limit_req_zone \$strict_key zone=strict:10m rate=1r/m;
   limit_req_status 429;
-  # Rejections are logged at `warn`, below the error log's level: Flowgate does not log each
+  # Rejections are logged at warn, below the error log's level: Flowgate does not log each
   # 429 either (nginx's default would write a line per rejection).
   limit_req_log_level warn;
   upstream up { server 127.0.0.1:$UPSTREAM_PORT; keepalive 256; }
