@@ -124,6 +124,15 @@ impl Gateway {
     /// Answers one request from `peer`.
     pub async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
+        if parts.method == http::Method::CONNECT {
+            return self.problem(
+                GatewayOutcome::Rejected,
+                Problem::status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "the gateway is a reverse proxy; CONNECT tunnels are not supported",
+                ),
+            );
+        }
         if let Err((status, detail)) = forward::check_host(&mut parts) {
             return self.problem(GatewayOutcome::Rejected, Problem::status(status, detail));
         }
