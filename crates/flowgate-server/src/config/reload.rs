@@ -106,6 +106,8 @@ pub async fn watch(
             None
         }
     };
+    // The files may have changed between their first load and the watch starting: look once.
+    let _ = tx.send(());
     spawn_sighup(tx);
     tokio::pin!(shutdown);
     let mut last_rejected = None;
