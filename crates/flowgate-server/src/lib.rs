@@ -5,6 +5,7 @@
 //!
 //! * [`config`]: envoyproxy/ratelimit-compatible YAML, validation, reload;
 //! * [`api`]: the gRPC (Envoy RLS v3) and HTTP APIs over one [`api::Service`];
+//! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
 //! * [`metrics`]: Prometheus metrics;
 //! * [`server`]: `run(config, listeners, shutdown)`;
 //! * [`cli`]: `serve`, `check-config`, `loadgen`.
@@ -13,5 +14,6 @@ pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod gateway;
 pub mod metrics;
 pub mod server;

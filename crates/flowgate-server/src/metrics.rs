@@ -17,6 +17,9 @@
 //! `flowgate_store_short_circuited_total` (requests decided by their `fail` mode without trying
 //! the store, breaker open), `flowgate_store_breaker_opened_total` and
 //! `flowgate_store_breaker_open` (1 while open).
+//!
+//! The gateway: `flowgate_gateway_responses_total{outcome}` (forwarded, limited, rejected,
+//! unavailable, bad_gateway, gateway_timeout).
 
 use flowgate::FailMode;
 use flowgate::policy::descriptor::{Applied, DescriptorVerdict, Status};
@@ -39,6 +42,44 @@ pub enum Api {
     Json = 1,
     /// `POST /v1/check`.
     Check = 2,
+    /// The reverse proxy.
+    Gateway = 3,
+}
+
+/// What the gateway answered a request with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayOutcome {
+    /// Passed to the upstream; its response went back.
+    Forwarded = 0,
+    /// 429: over a limit.
+    Limited = 1,
+    /// 400 (or 401): the request could not be keyed or was malformed.
+    Rejected = 2,
+    /// 503: the store failed and the limit fails closed.
+    Unavailable = 3,
+    /// 502: the upstream could not be reached or answered badly.
+    BadGateway = 4,
+    /// 504: the upstream did not answer in time.
+    GatewayTimeout = 5,
+}
+
+impl GatewayOutcome {
+    /// Every outcome's label value, by discriminant.
+    const LABELS: [&'static str; 6] = [
+        "forwarded",
+        "limited",
+        "rejected",
+        "unavailable",
+        "bad_gateway",
+        "gateway_timeout",
+    ];
+}
+
+/// Label of the gateway's response counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// What the gateway answered.
+    pub outcome: &'static str,
 }
 
 /// Labels of the per-rule counters.
@@ -60,7 +101,7 @@ pub struct KindLabel {
 /// Label of the decision-latency histogram.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiLabel {
-    /// `grpc`, `json` or `check`.
+    /// `grpc`, `json`, `check` or `gateway`.
     pub api: &'static str,
 }
 
@@ -108,8 +149,10 @@ pub struct Metrics {
     fallbacks: Family<ModeLabel, Counter>,
     reloads: Family<ResultLabel, Counter>,
     version: Gauge,
-    /// Decision latency per API, resolved once: `[grpc, json, check]`.
-    latency: [Histogram; 3],
+    /// Decision latency per API, resolved once: `[grpc, json, check, gateway]`.
+    latency: [Histogram; 4],
+    /// The gateway's responses by outcome, resolved once (by `GatewayOutcome`).
+    gateway: [Counter; 6],
 }
 
 impl Default for Metrics {
@@ -177,8 +220,16 @@ impl Metrics {
             "Time to decide one request, by API",
             latency.clone(),
         );
-        let latency =
-            ["grpc", "json", "check"].map(|api| latency.get_or_create_owned(&ApiLabel { api }));
+        let latency = ["grpc", "json", "check", "gateway"]
+            .map(|api| latency.get_or_create_owned(&ApiLabel { api }));
+        let outcomes = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "gateway_responses",
+            "Responses of the reverse proxy, by outcome",
+            outcomes.clone(),
+        );
+        let gateway = GatewayOutcome::LABELS
+            .map(|outcome| outcomes.get_or_create_owned(&OutcomeLabel { outcome }));
         Metrics {
             registry,
             rules,
@@ -187,7 +238,20 @@ impl Metrics {
             reloads,
             version,
             latency,
+            gateway,
         }
+    }
+
+    /// Counts one response of the gateway.
+    pub fn gateway_response(&self, outcome: GatewayOutcome) {
+        self.gateway[outcome as usize].inc();
+    }
+
+    /// Counts a decision that a failure mode took because the store could not be asked.
+    pub fn fallback_decision(&self, mode: FailMode) {
+        self.fallbacks
+            .get_or_create(&ModeLabel { mode: mode.name() })
+            .inc();
     }
 
     /// The counters of each rule, indexed by `Rule::id`.

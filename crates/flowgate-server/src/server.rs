@@ -1,5 +1,6 @@
-//! The server: `run(config, listeners, shutdown)` serves the HTTP and gRPC APIs until
-//! `shutdown` completes, then stops accepting and finishes in-flight calls.
+//! The server: `run(config, listeners, shutdown)` serves the HTTP and gRPC APIs (and, with an
+//! upstream, the gateway) until `shutdown` completes, then stops accepting and finishes
+//! in-flight calls.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use tokio::sync::watch;
 use crate::api::{self, Service};
 use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
+use crate::gateway::{self, Gateway, Upstream};
 
 /// What the server enforces and where it keeps its counters.
 pub struct ServerConfig {
@@ -24,6 +26,8 @@ pub struct ServerConfig {
     pub watch: bool,
     /// Benchmark baseline: answer without deciding (see `docs/service.md`).
     pub noop: bool,
+    /// Where the gateway forwards allowed requests; required with a gateway listener.
+    pub upstream: Option<Upstream>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -33,6 +37,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("backend", &self.backend)
             .field("watch", &self.watch)
             .field("noop", &self.noop)
+            .field("upstream", &self.upstream)
             .finish_non_exhaustive()
     }
 }
@@ -48,25 +53,46 @@ impl ServerConfig {
             backend: Backend::default(),
             watch: true,
             noop: false,
+            upstream: None,
         })
     }
 }
 
-/// The sockets to serve on; either may be absent.
+/// The sockets to serve on; any may be absent.
 #[derive(Debug, Default)]
 pub struct Listeners {
     /// The HTTP API.
     pub http: Option<TcpListener>,
     /// The gRPC API.
     pub grpc: Option<TcpListener>,
+    /// The gateway (reverse proxy); needs [`ServerConfig::upstream`].
+    pub gateway: Option<TcpListener>,
 }
 
 /// Serves until `shutdown` completes, then finishes in-flight requests and returns.
+///
+/// Fails at once (`InvalidInput`) when a gateway listener is given without an upstream, or
+/// when the policy does not say which domain the gateway checks (several files and no
+/// `gateway` section).
 pub async fn run(
     config: ServerConfig,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let gateway_setup = match (&listeners.gateway, config.upstream) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the gateway needs an upstream (--upstream URL)",
+            ));
+        }
+        (Some(_), Some(upstream)) => Some((
+            upstream,
+            gateway::effective_config(&config.policy)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+        )),
+    };
     let mut service = Service::new(config.policy, config.backend);
     if config.noop {
         service = service.into_noop();
@@ -104,6 +130,10 @@ pub async fn run(
                 .await
                 .map_err(std::io::Error::other)
         });
+    }
+    if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
+        let gateway = Arc::new(Gateway::new(service.clone(), upstream, fallback));
+        tasks.spawn(gateway::serve(listener, gateway, signal(stopped.clone())));
     }
     drop(stopped);
 

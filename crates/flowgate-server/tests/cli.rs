@@ -157,3 +157,23 @@ fn serve_with_the_builtin_policy_then_sigterm_finishes_in_flight_calls_and_exits
     assert!(completed > 0);
     assert!(http_get(http, "/healthz").is_none(), "no longer accepting");
 }
+
+#[test]
+fn serve_refuses_an_upstream_that_is_not_plain_http() {
+    for (args, expected) in [
+        (
+            &["serve", "--upstream", "https://127.0.0.1:1"][..],
+            "only http:// upstreams are supported",
+        ),
+        (
+            &["serve", "--upstream", "http://127.0.0.1:1/prefix"][..],
+            "a path or query is not supported",
+        ),
+        (&["serve", "--gateway", "127.0.0.1:0"][..], "--upstream"),
+    ] {
+        let out = Command::new(FLOWGATE).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

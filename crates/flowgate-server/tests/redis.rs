@@ -264,6 +264,96 @@ async fn two_servers_on_a_redis_cluster_enforce_one_limit() {
     b.stop().await;
 }
 
+const GATEWAY: &str = r#"
+domain: edge
+gateway:
+  descriptors:
+    - [{key: header, header: x-tier, as: tier}]
+descriptors:
+  - key: tier
+    value: local
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: gcra, fail: local}
+  - key: tier
+    value: closed
+    rate_limit: {unit: minute, requests_per_unit: 4, fail: closed}
+"#;
+
+/// `GET /` through the gateway at `addr` with header `x-tier: tier`: status and the fallback
+/// mark.
+async fn through_gateway(addr: std::net::SocketAddr, tier: &str) -> (u16, Option<String>) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<hyper::body::Bytes>>();
+    let request = hyper::Request::get(format!("http://{addr}/"))
+        .header("x-tier", tier)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+        .await
+        .unwrap()
+        .unwrap();
+    let mark = response
+        .headers()
+        .get("flowgate-fallback")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (response.status().as_u16(), mark)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_on_redis_follows_each_rules_fail_mode_while_redis_is_away() {
+    let Some(mut redis) = RedisServer::start("the_gateway_on_redis_follows_each_rules_fail_mode")
+    else {
+        return;
+    };
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_url = format!("http://{}", upstream.local_addr().unwrap());
+    tokio::spawn(async move {
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        axum::serve(upstream, app).await
+    });
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_millis(50))
+        .connect()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, GATEWAY).unwrap();
+    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+    config.backend = Backend::shared(
+        Arc::new(store),
+        SharedOptions {
+            fail: FailMode::Open,
+            instances: 2,
+        },
+    );
+    config.upstream = Some(upstream_url.parse().unwrap());
+    let server = TestServer::start_with(config, dir, vec![path]).await;
+    let gateway = server.gateway.unwrap();
+
+    // Redis decides: four per minute.
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let (status, mark) = through_gateway(gateway, "closed").await;
+        assert_eq!(mark, None);
+        statuses.push(status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 429]);
+
+    redis.kill();
+    // fail: local — this instance's share of 4 over 2 instances: two forwarded, then 429.
+    let mut local = Vec::new();
+    for _ in 0..3 {
+        let (status, mark) = through_gateway(gateway, "local").await;
+        assert_eq!(mark.as_deref(), Some("local"));
+        local.push(status);
+    }
+    assert_eq!(local, [200, 200, 429]);
+    // fail: closed — refused without reaching the upstream.
+    let (status, mark) = through_gateway(gateway, "closed").await;
+    assert_eq!((status, mark.as_deref()), (429, Some("closed")));
+    server.stop().await;
+}
+
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
 #[test]

@@ -212,7 +212,7 @@ pub fn response_headers(verdict: &Verdict<'_>) -> Vec<(&'static str, String)> {
 pub const FALLBACK_HEADER: &str = "Flowgate-Fallback";
 
 /// The failure mode that decided some descriptor of `verdict`, if any did.
-fn fallback_mode(verdict: &Verdict<'_>) -> Option<&'static str> {
+pub fn fallback_mode(verdict: &Verdict<'_>) -> Option<&'static str> {
     verdict.descriptors.iter().find_map(|d| match &d.status {
         Status::Checked(decision) => decision.fallback.map(|mode| match mode {
             FailMode::Open => "open",

@@ -9,6 +9,8 @@ use flowgate::FailMode;
 use tokio::net::TcpListener;
 
 use crate::backend::SharedOptions;
+use crate::config::gateway::DEFAULT_LISTEN;
+use crate::gateway::Upstream;
 use crate::server::{self, Listeners, ServerConfig};
 
 /// Flags of `flowgate serve`.
@@ -50,6 +52,14 @@ pub struct ServeArgs {
     /// How many instances share the Redis: with `fail: local`, each grants 1/N of a limit.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub instances: u64,
+    /// Runs the rate-limiting reverse proxy in front of this upstream (`http://host:port`);
+    /// requests are checked with the configuration's `gateway` section (docs/service.md).
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<Upstream>,
+    /// Address of the gateway (with --upstream); overrides `gateway.listen`
+    /// [default: 127.0.0.1:8000].
+    #[arg(long, value_name = "ADDR", requires = "upstream")]
+    pub gateway: Option<SocketAddr>,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
@@ -68,6 +78,30 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,
+    };
+    let gateway_addr = match &args.upstream {
+        None => None,
+        Some(upstream) => {
+            if let Err(e) = crate::gateway::effective_config(&config.policy) {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
+            let listen = args
+                .gateway
+                .or_else(|| config.policy.gateway.as_ref().and_then(|g| g.listen));
+            let listen = match listen {
+                Some(addr) => addr,
+                None => match DEFAULT_LISTEN.parse() {
+                    Ok(addr) => addr,
+                    Err(e) => {
+                        tracing::error!("bad default gateway address: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+            };
+            config.upstream = Some(upstream.clone());
+            Some(listen)
+        }
     };
     let runtime = match super::runtime() {
         Ok(runtime) => runtime,
@@ -99,6 +133,16 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let gateway = match gateway_addr {
+            None => None,
+            Some(addr) => match bind(addr).await {
+                Ok(listener) => Some(listener),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
         tracing::info!(
             http = %args.http,
             grpc = %args.grpc,
@@ -106,9 +150,13 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             store = config.backend.kind(),
             "flowgate serving"
         );
+        if let (Some(addr), Some(upstream)) = (gateway_addr, &args.upstream) {
+            tracing::info!(gateway = %addr, %upstream, "gateway proxying");
+        }
         let listeners = Listeners {
             http: Some(http),
             grpc: Some(grpc),
+            gateway,
         };
         match server::run(config, listeners, server::shutdown_signal()).await {
             Ok(()) => {

@@ -20,6 +20,7 @@
 //! ```
 
 mod error;
+pub mod gateway;
 pub mod reload;
 mod yaml;
 
@@ -30,6 +31,7 @@ use std::time::SystemTime;
 use flowgate::policy::rules::{RuleErrorKind, RuleSet};
 
 pub use error::{ConfigError, ConfigErrors};
+pub use gateway::GatewayConfig;
 
 /// The policy used when `flowgate serve` is given no `--config`: domain `default`, documented
 /// in `docs/service.md`.
@@ -49,6 +51,8 @@ pub struct Policy {
     pub digest: u64,
     /// When it was loaded.
     pub loaded_at: SystemTime,
+    /// The `gateway` section (at most one file has one).
+    pub gateway: Option<GatewayConfig>,
 }
 
 /// A configuration file's name and text.
@@ -121,12 +125,26 @@ impl Policy {
         let mut errors = Vec::new();
         let mut domains = Vec::with_capacity(sources.len());
         let mut positions = Vec::with_capacity(sources.len());
+        let mut gateway: Option<(GatewayConfig, PathBuf)> = None;
         let digest = digest(&sources);
         for source in &sources {
             match yaml::parse(&source.path, &source.text) {
-                Ok((domain, at)) => {
-                    domains.push(domain);
-                    positions.push(at);
+                Ok(parsed) => {
+                    domains.push(parsed.domain);
+                    positions.push(parsed.positions);
+                    match (parsed.gateway, &gateway) {
+                        (Some((_, at)), Some((_, first))) => errors.push(ConfigError::at(
+                            &source.path,
+                            at,
+                            Some("gateway"),
+                            format!(
+                                "only one configuration file may have a `gateway` section; {} has one too",
+                                first.display()
+                            ),
+                        )),
+                        (Some((section, _)), None) => gateway = Some((section, source.path.clone())),
+                        (None, _) => {}
+                    }
                 }
                 Err(mut e) => errors.append(&mut e),
             }
@@ -157,6 +175,7 @@ impl Policy {
             files: sources.into_iter().map(|s| s.path).collect(),
             digest,
             loaded_at: SystemTime::now(),
+            gateway: gateway.map(|(section, _)| section),
         })
     }
 }

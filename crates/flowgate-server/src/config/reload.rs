@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use super::{ConfigErrors, Policy, digest, read_all};
@@ -84,7 +85,7 @@ pub async fn watch(
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let events = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|e| may_change_content(&e.kind)) {
             let _ = events.send(());
         }
     });
@@ -105,6 +106,8 @@ pub async fn watch(
             None
         }
     };
+    // The files may have changed between their first load and the watch starting: look once.
+    let _ = tx.send(());
     spawn_sighup(tx);
     tokio::pin!(shutdown);
     let mut last_rejected = None;
@@ -131,6 +134,16 @@ pub async fn watch(
         if let Ok((_, rejected)) = outcome {
             last_rejected = rejected;
         }
+    }
+}
+
+/// Whether a file event can mean new contents. Opening or reading a file cannot — and
+/// reloading opens the files, so counting opens would reload again and again, forever.
+fn may_change_content(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
     }
 }
 

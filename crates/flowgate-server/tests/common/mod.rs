@@ -25,6 +25,8 @@ use tonic::transport::Channel;
 pub struct TestServer {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    /// The gateway, when the configuration has an upstream.
+    pub gateway: Option<SocketAddr>,
     pub dir: tempfile::TempDir,
     pub files: Vec<PathBuf>,
     stop: Option<oneshot::Sender<()>>,
@@ -72,12 +74,18 @@ impl TestServer {
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
+        let gateway = match config.upstream {
+            Some(_) => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            None => None,
+        };
+        let gateway_addr = gateway.as_ref().map(|g| g.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(server::run(
             config,
             Listeners {
                 http: Some(http),
                 grpc: Some(grpc),
+                gateway,
             },
             async {
                 let _ = stopped.await;
@@ -86,6 +94,7 @@ impl TestServer {
         TestServer {
             http: http_addr,
             grpc: grpc_addr,
+            gateway: gateway_addr,
             dir,
             files,
             stop: Some(stop),

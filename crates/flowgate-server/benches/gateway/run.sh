@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# The gateway against nginx `limit_req`, side by side in one run, on loopback.
+#
+#   crates/flowgate-server/benches/gateway/run.sh            # 3 rounds of 10 s per scenario
+#   ROUNDS=5 DURATION=20s CONNECTIONS=64 crates/flowgate-server/benches/gateway/run.sh
+#
+# Scenarios, interleaved round by round (so drift hits all alike):
+#   direct        wrk -> upstream                       (the floor: what proxying adds to)
+#   flowgate      wrk -> flowgate gateway -> upstream   (limits high enough to pass everything)
+#   flowgate-mix  same, every other request with an over-limit API key (~50 % answered 429)
+#   nginx         wrk -> nginx limit_req -> upstream    (same limits, same upstream keepalive)
+#   nginx-mix     same mix
+#   *-c4          direct, flowgate and nginx again with 4 connections instead of 32: latency
+#                 when requests do not queue (the "added p99" to quote; at 32 connections
+#                 every scenario saturates its core and p99 is mostly queueing)
+# The upstream is nginx answering `ok` from memory. CPU split (taskset): the proxy under test
+# on CORE_PROXY, wrk and the upstream on CORE_LOAD, so both proxies get exactly one core
+# (flowgate's tokio runtime then runs one worker; nginx runs one worker process).
+#
+# Needs: wrk, nginx (apt-get install -y wrk nginx), a release build of flowgate (built here).
+# Prints a markdown table of medians (req/s, p50, p99, non-2xx share) and keeps the raw wrk
+# output in $OUT.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+CONNECTIONS=${CONNECTIONS:-32}
+LAT_CONNECTIONS=${LAT_CONNECTIONS:-4}
+CORE_PROXY=${CORE_PROXY:-0}
+CORE_LOAD=${CORE_LOAD:-1}
+UPSTREAM_PORT=${UPSTREAM_PORT:-18100}
+FLOWGATE_PORT=${FLOWGATE_PORT:-18101}
+NGINX_PORT=${NGINX_PORT:-18102}
+
+ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
+OUT=${OUT:-$(mktemp -d /tmp/flowgate-gateway-bench.XXXXXX)}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+FLOWGATE=$CARGO_TARGET_DIR/release/flowgate
+
+for tool in wrk nginx taskset; do
+  command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install -y wrk nginx)" >&2; exit 1; }
+done
+(cd "$ROOT" && cargo build --release -q -p flowgate-server)
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for conf in upstream proxy; do
+    [ -f "$OUT/$conf.pid" ] && kill "$(cat "$OUT/$conf.pid")" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+
+# --- the upstream: nginx, one worker, `ok` from memory ---------------------------------------
+cat > "$OUT/upstream.conf" <<CONF
+worker_processes 1;
+pid $OUT/upstream.pid;
+error_log $OUT/upstream-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  server {
+    listen 127.0.0.1:$UPSTREAM_PORT;
+    location / { return 200 "ok"; }
+  }
+}
+CONF
+taskset -c "$CORE_LOAD" nginx -c "$OUT/upstream.conf" -e "$OUT/upstream-error.log"
+
+# --- nginx limit_req as the proxy: key `b` limited to 1 per minute, everyone else to a rate
+# that never binds (both limits checked on every request); keep-alive to the upstream ---------
+cat > "$OUT/proxy.conf" <<CONF
+worker_processes 1;
+pid $OUT/proxy.pid;
+error_log $OUT/proxy-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  map \$http_x_api_key \$strict_key { b \$http_x_api_key; default ""; }
+  limit_req_zone \$http_x_api_key zone=per_key:10m rate=100000000r/s;
+  limit_req_zone \$strict_key zone=strict:10m rate=1r/m;
+  limit_req_status 429;
+  # Rejections are logged at warn, below the error log's level: Flowgate does not log each
+  # 429 either (nginx's default would write a line per rejection).
+  limit_req_log_level warn;
+  upstream up { server 127.0.0.1:$UPSTREAM_PORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / {
+      limit_req zone=per_key burst=100000000 nodelay;
+      limit_req zone=strict;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+    }
+  }
+}
+CONF
+taskset -c "$CORE_PROXY" nginx -c "$OUT/proxy.conf" -e "$OUT/proxy-error.log"
+
+# --- flowgate: the same limits as descriptors --------------------------------------------------
+cat > "$OUT/flowgate.yaml" <<CONF
+domain: bench
+gateway:
+  descriptors:
+    - [{key: header, header: x-api-key, as: api_key}]
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 100000000, algorithm: gcra}
+  - key: api_key
+    value: b
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}
+CONF
+RUST_LOG=warn taskset -c "$CORE_PROXY" "$FLOWGATE" serve --config "$OUT/flowgate.yaml" \
+  --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
+  --gateway "127.0.0.1:$FLOWGATE_PORT" --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
+  2> "$OUT/flowgate.log" &
+FLOWGATE_PID=$!
+pids+=("$FLOWGATE_PID")
+
+for port in $UPSTREAM_PORT $NGINX_PORT $FLOWGATE_PORT; do
+  for _ in $(seq 1 100); do
+    curl -s -o /dev/null "http://127.0.0.1:$port/" && break
+    sleep 0.1
+  done
+done
+
+cat > "$OUT/mix.lua" <<'LUA'
+-- Every other request carries the over-limit key `b`.
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/", { ["x-api-key"] = (n % 2 == 0) and "a" or "b" })
+end
+LUA
+
+# CPU time (user + system, clock ticks) of processes, all threads: robust to the noise of a
+# shared machine, unlike wall-clock throughput.
+ticks() {
+  local total=0 f fields
+  for pid in "$@"; do
+    for f in /proc/"$pid"/task/*/stat; do
+      read -r -a fields < <(sed 's/.*) //' "$f")
+      total=$((total + fields[11] + fields[12]))
+    done
+  done
+  echo "$total"
+}
+
+run() { # scenario port round [wrk args...]
+  local name=$1 port=$2 round=$3 connections=$CONNECTIONS proxy=()
+  shift 3
+  case $name in *-c4) connections=$LAT_CONNECTIONS ;; esac
+  case $name in
+    flowgate*) proxy=("$FLOWGATE_PID") ;;
+    nginx*) mapfile -t proxy < <(pgrep -P "$(cat "$OUT/proxy.pid")") ;;
+    direct*) mapfile -t proxy < <(pgrep -P "$(cat "$OUT/upstream.pid")") ;;
+  esac
+  taskset -c "$CORE_LOAD" wrk -t1 -c"$connections" -d"$WARMUP" "$@" "http://127.0.0.1:$port/" >/dev/null
+  local before
+  before=$(ticks "${proxy[@]}")
+  taskset -c "$CORE_LOAD" wrk -t1 -c"$connections" -d"$DURATION" --latency "$@" \
+    "http://127.0.0.1:$port/" > "$OUT/$name.$round.txt"
+  echo "$(( $(ticks "${proxy[@]}") - before )) $(getconf CLK_TCK)" > "$OUT/$name.$round.cpu"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  echo "round $round/$ROUNDS" >&2
+  run direct "$UPSTREAM_PORT" "$round" -H "x-api-key: a"
+  run flowgate "$FLOWGATE_PORT" "$round" -H "x-api-key: a"
+  run nginx "$NGINX_PORT" "$round" -H "x-api-key: a"
+  run flowgate-mix "$FLOWGATE_PORT" "$round" -s "$OUT/mix.lua"
+  run nginx-mix "$NGINX_PORT" "$round" -s "$OUT/mix.lua"
+  run direct-c4 "$UPSTREAM_PORT" "$round" -H "x-api-key: a"
+  run flowgate-c4 "$FLOWGATE_PORT" "$round" -H "x-api-key: a"
+  run nginx-c4 "$NGINX_PORT" "$round" -H "x-api-key: a"
+done
+
+# --- medians -----------------------------------------------------------------------------------
+python3 - "$OUT" "$ROUNDS" <<'PY'
+import re, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+def parse(path):
+    text = open(path).read()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    total = int(re.search(r"(\d+) requests in", text).group(1))
+    non2xx = int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", text)) else 0
+    pct = {}
+    for p, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", text, re.M):
+        pct[p] = float(v) * unit[u]
+    ticks, hz = map(int, open(path[:-4] + ".cpu").read().split())
+    return rps, pct["50"], pct["99"], non2xx / total, ticks / hz * 1e6 / total
+rows = {}
+for name in ["direct", "flowgate", "nginx", "flowgate-mix", "nginx-mix",
+             "direct-c4", "flowgate-c4", "nginx-c4"]:
+    runs = [parse(f"{out}/{name}.{r}.txt") for r in range(1, rounds + 1)]
+    rows[name] = [statistics.median(col) for col in zip(*runs)]
+    rows[name].append([round(r[0]) for r in runs])
+print(f"| scenario | req/s (median of {rounds}) | p50 ms | p99 ms | non-2xx | CPU µs/request* | runs (req/s) |")
+print("|---|---|---|---|---|---|---|")
+for name, (rps, p50, p99, bad, cpu, runs) in rows.items():
+    print(f"| {name} | {rps:,.0f} | {p50:.3f} | {p99:.3f} | {bad:.0%} | {cpu:.1f} | {runs} |")
+print("\n*CPU time of the proxy (for direct: of the upstream) per request, all threads, user + system.")
+print()
+for fg, ng, direct in [("flowgate", "nginx", "direct"), ("flowgate-mix", "nginx-mix", "direct"),
+                       ("flowgate-c4", "nginx-c4", "direct-c4")]:
+    d = rows[direct]
+    print(f"{fg} / {ng} throughput: {rows[fg][0] / rows[ng][0]:.2f}x; "
+          f"p99 added vs {direct}: {fg} {rows[fg][2] - d[2]:+.3f} ms, {ng} {rows[ng][2] - d[2]:+.3f} ms")
+PY
+echo "raw wrk output: $OUT" >&2

@@ -1,0 +1,101 @@
+//! The `gateway:` section: how the reverse proxy (`flowgate serve --upstream URL`) turns each
+//! HTTP request into rate-limit descriptors.
+//!
+//! ```yaml
+//! domain: edge
+//! gateway:
+//!   listen: 127.0.0.1:8000          # optional; `--gateway ADDR` overrides
+//!   trusted_proxies: [10.0.0.0/8]   # whose X-Forwarded-For is believed
+//!   ipv6_prefix: 64                 # IPv6 clients are keyed by this prefix
+//!   upstream_timeout: 30s           # until the upstream's response head
+//!   jwt: {hs256_secret_env: JWT_SECRET}   # or {rs256_public_key_file: key.pem}
+//!   descriptors:                    # each list is one request descriptor
+//!     - [{key: remote_address}]
+//!     - [{key: header, header: x-api-key, as: api_key}, {key: path}]
+//!     - [{key: method}, {key: jwt_claim, claim: plan}]
+//! descriptors: ...                  # the rules the descriptors above are matched against
+//! ```
+//!
+//! The YAML is parsed in `yaml.rs` (with positions); this module holds the validated model.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use flowgate::http::key::{ClientIp, Header, JwtClaim};
+
+/// Where the gateway listens unless the file or `--gateway` says otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+
+/// How long the gateway waits for the upstream's response head by default.
+pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The validated `gateway:` section of one configuration file.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The domain of the file the section is in: the descriptors are checked against it.
+    pub domain: String,
+    /// `listen`, if given (`--gateway` overrides it; default [`DEFAULT_LISTEN`]).
+    pub listen: Option<SocketAddr>,
+    /// How the client's address is found (trusted proxies, IPv6 prefix).
+    pub client_ip: ClientIp,
+    /// The request descriptors, each a list of entries; all must allow a request.
+    pub descriptors: Vec<Vec<EntryConfig>>,
+    /// How long to wait for the upstream's response head before answering 504.
+    pub upstream_timeout: Duration,
+}
+
+impl GatewayConfig {
+    /// The section used when `--upstream` is given but no file has one: one descriptor,
+    /// `[remote_address]` (the peer's address; no proxy is trusted), against `domain`.
+    pub fn default_for(domain: impl Into<String>) -> Self {
+        GatewayConfig {
+            domain: domain.into(),
+            listen: None,
+            client_ip: ClientIp::new([]),
+            descriptors: vec![vec![EntryConfig {
+                key: "remote_address".into(),
+                source: Source::RemoteAddress,
+            }]],
+            upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
+        }
+    }
+}
+
+/// One entry of a request descriptor: the descriptor key it is sent as, and where its value
+/// comes from.
+#[derive(Debug, Clone)]
+pub struct EntryConfig {
+    /// The descriptor entry's key (what the rules' `key` matches): `as`, else the source's
+    /// default name.
+    pub key: String,
+    /// Where the value comes from.
+    pub source: Source,
+}
+
+/// Where a descriptor entry's value comes from. A source that a request lacks (no such
+/// header, no valid token, no such claim) skips the whole descriptor, as Envoy does.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// `remote_address`: the client's address (trusted-proxy aware; IPv6 by prefix). Never
+    /// missing.
+    RemoteAddress,
+    /// `header`: a request header's value (trimmed; at most 256 bytes of visible ASCII, else
+    /// 400).
+    Header(Header),
+    /// `path`: the request's path, without the query.
+    Path,
+    /// `method`: the request method (`GET`).
+    Method,
+    /// `host`: the request's host (lower-case, with the port if given).
+    Host,
+    /// `jwt_claim`: a claim of the verified bearer token.
+    JwtClaim(JwtClaim),
+    /// `generic_key`: a fixed value.
+    Generic(String),
+}
+
+impl Source {
+    /// The source names the `key` field accepts.
+    pub const NAMES: &'static str =
+        "remote_address, header, path, method, host, jwt_claim, generic_key";
+}

@@ -1,0 +1,265 @@
+//! What a proxy changes in the messages it forwards (RFC 9110 §7.6): hop-by-hop fields are
+//! removed, `X-Forwarded-For`, `Forwarded` and `Via` record the hop, and the `Host` rules of
+//! RFC 9112 §3.2 are applied.
+
+use std::net::IpAddr;
+
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, FORWARDED, HOST, HeaderMap, HeaderName, HeaderValue, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE, VIA,
+};
+use http::request::Parts;
+use http::uri::Authority;
+use http::{StatusCode, Version};
+
+/// `X-Forwarded-For`.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `Keep-Alive` (RFC 2068), hop-by-hop.
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
+/// Removes the hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, every
+/// `Proxy-*` field, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`. A message that came
+/// with `Transfer-Encoding` also loses `Content-Length` (RFC 9112 §6.3: the two together are
+/// a smuggling attempt or an error, and the length is re-framed on the next hop anyway).
+pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none, or only `Connection`: look before doing any work.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    // Fields named by Connection, collected first (the map cannot change while borrowed).
+    let mut named: Vec<HeaderName> = Vec::new();
+    for value in headers.get_all(CONNECTION) {
+        if let Ok(value) = value.to_str() {
+            named.extend(
+                value
+                    .split(',')
+                    .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+                    .filter(|name| !is_hop_by_hop(name)),
+            );
+        }
+    }
+    for name in named {
+        headers.remove(name);
+    }
+    if headers.remove(TRANSFER_ENCODING).is_some() {
+        headers.remove(CONTENT_LENGTH);
+    }
+    for name in [&CONNECTION, &KEEP_ALIVE, &TE, &TRAILER, &UPGRADE] {
+        headers.remove(name);
+    }
+    if headers.keys().any(|k| k.as_str().starts_with("proxy-")) {
+        let proxy: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("proxy-"))
+            .cloned()
+            .collect();
+        for name in proxy {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Whether `name` is hop-by-hop whatever `Connection` says.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == CONNECTION
+        || name == TRANSFER_ENCODING
+        || name == KEEP_ALIVE
+        || name == TE
+        || name == TRAILER
+        || name == UPGRADE
+        || name.as_str().starts_with("proxy-")
+}
+
+/// Checks the request's `Host` as RFC 9112 §3.2 asks of a server: an HTTP/1.1 request needs
+/// exactly one `Host`, which must be a valid authority (or empty); a request in absolute form
+/// (`GET http://host/path`) is for the URI's host, whatever `Host` says, so `Host` is set to
+/// it. Returns why the request is malformed.
+pub(crate) fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static str)> {
+    if let Some(authority) = parts.uri.authority() {
+        let value = HeaderValue::from_str(authority.as_str()).map_err(|_| {
+            (
+                StatusCode::BAD_REQUEST,
+                "the request target's host is invalid",
+            )
+        })?;
+        parts.headers.insert(HOST, value);
+        return Ok(());
+    }
+    let mut hosts = parts.headers.get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => Err((
+            StatusCode::BAD_REQUEST,
+            "the request has more than one Host header",
+        )),
+        (None, None) if parts.version == Version::HTTP_11 => Err((
+            StatusCode::BAD_REQUEST,
+            "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)",
+        )),
+        (Some(host), _)
+            if !host.is_empty()
+                && host
+                    .to_str()
+                    .ok()
+                    .and_then(|h| h.parse::<Authority>().ok())
+                    .is_none() =>
+        {
+            Err((
+                StatusCode::BAD_REQUEST,
+                "the Host header is not a valid host",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Records this hop in a request about to be forwarded: `client` appended to
+/// `X-Forwarded-For` and, as an RFC 7239 element `for=…;host=…;proto=http`, to `Forwarded`
+/// (earlier hops are kept: the upstream decides which proxies it trusts), and `Via: 1.1
+/// flowgate` (RFC 9110 §7.6.3).
+pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr) {
+    let ip = client.to_canonical();
+    let xff = ip.to_string();
+    append_list(headers, &X_FORWARDED_FOR, &xff);
+    if !headers.contains_key(&VIA) {
+        headers.insert(VIA, HeaderValue::from_static(VIA_FLOWGATE));
+    } else {
+        append_list(headers, &VIA, VIA_FLOWGATE);
+    }
+
+    let mut element = String::with_capacity(64);
+    element.push_str("for=");
+    match ip {
+        IpAddr::V4(_) => element.push_str(&xff),
+        IpAddr::V6(_) => {
+            element.push_str("\"[");
+            element.push_str(&xff);
+            element.push_str("]\"");
+        }
+    }
+    if let Some(host) = headers.get(HOST).and_then(|h| h.to_str().ok())
+        && !host.is_empty()
+    {
+        element.push_str(";host=\"");
+        for c in host.chars() {
+            if c == '"' || c == '\\' {
+                element.push('\\');
+            }
+            element.push(c);
+        }
+        element.push('"');
+    }
+    element.push_str(";proto=http");
+    append_list(headers, &FORWARDED, &element);
+}
+
+/// This hop in `Via`.
+const VIA_FLOWGATE: &str = "1.1 flowgate";
+
+/// Appends `item` to the comma-separated list in `name`, folding earlier lines into one
+/// (some upstreams read only the first line).
+fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: &str) {
+    if !headers.contains_key(name) {
+        if let Ok(value) = HeaderValue::from_str(item) {
+            headers.insert(name.clone(), value);
+        }
+        return;
+    }
+    let mut joined = String::new();
+    for value in headers.get_all(name) {
+        if let Ok(value) = value.to_str() {
+            let value = value.trim();
+            if !value.is_empty() {
+                joined.push_str(value);
+                joined.push_str(", ");
+            }
+        }
+    }
+    joined.push_str(item);
+    if let Ok(value) = HeaderValue::from_str(&joined) {
+        headers.insert(name.clone(), value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_are_removed() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, X-Secret"),
+            ("connection", "close"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "5"),
+            ("upgrade", "websocket"),
+            ("x-kept", "yes"),
+            ("authorization", "Bearer t"),
+        ]);
+        remove_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "x-kept"]);
+        let mut h = headers(&[("content-length", "5")]);
+        remove_hop_by_hop(&mut h);
+        assert_eq!(h["content-length"], "5");
+    }
+
+    #[test]
+    fn forwarding_headers_are_appended_in_one_line() {
+        let mut h = headers(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2"),
+            ("host", "api.example:8000"),
+        ]);
+        add_forwarding(&mut h, "::ffff:192.0.2.7".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 192.0.2.7");
+        assert_eq!(
+            h["forwarded"],
+            r#"for=192.0.2.7;host="api.example:8000";proto=http"#
+        );
+        assert_eq!(h["via"], "1.1 flowgate");
+        let mut h = headers(&[("forwarded", "for=198.51.100.1")]);
+        add_forwarding(&mut h, "2001:db8::1".parse().unwrap());
+        assert_eq!(
+            h["forwarded"],
+            r#"for=198.51.100.1, for="[2001:db8::1]";proto=http"#
+        );
+    }
+
+    #[test]
+    fn host_follows_rfc_9112() {
+        let parts = |uri: &str, version: Version, hosts: &[&str]| {
+            let mut b = http::Request::builder().uri(uri).version(version);
+            for h in hosts {
+                b = b.header("host", *h);
+            }
+            b.body(()).unwrap().into_parts().0
+        };
+        assert!(check_host(&mut parts("/", Version::HTTP_11, &["a.example"])).is_ok());
+        assert!(check_host(&mut parts("/", Version::HTTP_11, &[])).is_err());
+        assert!(check_host(&mut parts("/", Version::HTTP_10, &[])).is_ok());
+        assert!(check_host(&mut parts("/", Version::HTTP_11, &["a", "b"])).is_err());
+        assert!(check_host(&mut parts("/", Version::HTTP_11, &["a b"])).is_err());
+        assert!(check_host(&mut parts("/", Version::HTTP_11, &[""])).is_ok());
+        let mut absolute = parts("http://b.example/x", Version::HTTP_11, &["a.example"]);
+        assert!(check_host(&mut absolute).is_ok());
+        assert_eq!(absolute.headers["host"], "b.example");
+    }
+}

@@ -1,0 +1,476 @@
+//! The gateway: a streaming, rate-limiting HTTP reverse proxy (`flowgate serve --upstream
+//! URL`).
+//!
+//! Each request is turned into descriptors by the running configuration's `gateway` section
+//! ([`GatewayConfig`]) and checked with [`descriptor::check`](flowgate::policy::descriptor::check)
+//! against the live policy and store — the same matching, counters and metrics as the gRPC
+//! and HTTP APIs, so reloads apply at once. Then:
+//!
+//! * over a limit: `429` with `RateLimit-Policy`, `RateLimit`, `Retry-After` (whole seconds,
+//!   rounded up, never 0), `Cache-Control: no-store` and an `application/problem+json` body;
+//!   the request body is not read and nothing reaches the upstream;
+//! * store failure on an enforced limit: the rule's `fail` mode — `open` forwards the request
+//!   (marked `Flowgate-Fallback: open`), anything else answers `503` (problem+json). With a
+//!   shared store (`--redis`) the store's fallback decides instead, by the same `fail` modes
+//!   (`closed` → 429, `local` → this instance's share), marked `Flowgate-Fallback: <mode>`;
+//! * allowed: the request is forwarded with its method, path, query, headers and body, minus
+//!   the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via`; bodies stream
+//!   both ways without buffering; the upstream's response gets the `RateLimit` headers;
+//! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`.
+//!
+//! The gateway speaks HTTP/1.1 to clients and to the upstream (pooled keep-alive connections).
+//! Upgrades (WebSocket) are not proxied yet: `Upgrade` is hop-by-hop and removed.
+
+mod forward;
+mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flowgate::FailMode;
+use flowgate::Quota;
+use flowgate::http::headers::{
+    FLOWGATE_FALLBACK, Report, append_ratelimit_headers, retry_after_secs, set_retry_after,
+};
+use flowgate::http::key::{self, KeyExtractor, KeyRejection, PeerAddr};
+use flowgate::http::problem::Problem;
+use flowgate::policy::descriptor::{Applied, Descriptor, Entry, Status, Verdict};
+use flowgate::policy::rules::Rate;
+use flowgate::store::StoreError;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+pub use upstream::{Upstream, UpstreamError};
+
+use crate::api::{Service, rls};
+use crate::config::gateway::{GatewayConfig, Source};
+use crate::config::{DEFAULT_POLICY_NAME, Policy};
+use crate::metrics::{Api, GatewayOutcome};
+
+/// How long a stopping gateway waits for responses in flight (long streams included) before
+/// closing their connections.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// The response body: the upstream's, streamed, or one the gateway wrote.
+pub type Body = Either<Incoming, Full<Bytes>>;
+
+/// The gateway's state, shared by every connection.
+pub struct Gateway {
+    /// The policy, store and metrics, shared with the APIs.
+    service: Arc<Service>,
+    /// Where allowed requests go.
+    upstream: Upstream,
+    /// Pooled connections to the upstream.
+    client: upstream::UpstreamClient,
+    /// The section used while the running configuration has none.
+    fallback: GatewayConfig,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `gateway` section `policy` implies: its own, or — when no file has one — one
+/// descriptor `[remote_address]` against the only domain. With several domains and no section
+/// there is no telling which domain is meant, which is an error.
+pub fn effective_config(policy: &Policy) -> Result<GatewayConfig, String> {
+    if let Some(config) = &policy.gateway {
+        return Ok(config.clone());
+    }
+    let mut domains = policy.rules.domains();
+    match (domains.next(), domains.next()) {
+        (Some(domain), None) => Ok(GatewayConfig::default_for(domain)),
+        (None, _) => Ok(GatewayConfig::default_for("default")),
+        (Some(_), Some(_)) => Err(format!(
+            "--upstream needs a `gateway` section in one of the configuration files ({}) to know which domain to check requests against",
+            if policy.files.is_empty() {
+                DEFAULT_POLICY_NAME.to_owned()
+            } else {
+                policy
+                    .files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        )),
+    }
+}
+
+impl Gateway {
+    /// A gateway forwarding to `upstream`, deciding with `service`. `fallback` is the section
+    /// used while the running configuration has none (see [`effective_config`]).
+    pub fn new(service: Arc<Service>, upstream: Upstream, fallback: GatewayConfig) -> Self {
+        Gateway {
+            service,
+            client: upstream::client(fallback.upstream_timeout),
+            upstream,
+            fallback,
+        }
+    }
+
+    /// Answers one request from `peer`.
+    pub async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+        let (mut parts, body) = request.into_parts();
+        if parts.method == http::Method::CONNECT {
+            return self.problem(
+                GatewayOutcome::Rejected,
+                Problem::status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "the gateway is a reverse proxy; CONNECT tunnels are not supported",
+                ),
+            );
+        }
+        if let Err((status, detail)) = forward::check_host(&mut parts) {
+            return self.problem(GatewayOutcome::Rejected, Problem::status(status, detail));
+        }
+        parts.extensions.insert(PeerAddr(peer));
+
+        let active = self.service.active();
+        let config = active.policy.gateway.as_ref().unwrap_or(&self.fallback);
+        let descriptors = match descriptors(config, &parts) {
+            Ok(descriptors) => descriptors,
+            Err(rejection) => {
+                return self.problem(
+                    GatewayOutcome::Rejected,
+                    Problem::status(rejection.status, rejection.detail),
+                );
+            }
+        };
+        let mut limit_headers = HeaderMap::new();
+        if !descriptors.is_empty() {
+            let verdict = self
+                .service
+                .decide(&active, Api::Gateway, &config.domain, &descriptors, 1)
+                .await;
+            match self.judge(&verdict) {
+                Judgement::Limited => return self.limited(&verdict),
+                Judgement::Unavailable(e) => {
+                    return self.problem(
+                        GatewayOutcome::Unavailable,
+                        Problem::status(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("the rate-limit store is unavailable: {e}"),
+                        ),
+                    );
+                }
+                Judgement::Pass { fallback_open } => {
+                    let (quotas, decisions) = counted(&verdict);
+                    append_ratelimit_headers(
+                        &mut limit_headers,
+                        &reports(&quotas, &decisions),
+                        false,
+                    );
+                    let mode = match fallback_open {
+                        true => Some("open"),
+                        // Decided by a shared store's fallback (`--redis` while Redis is away).
+                        false => rls::fallback_mode(&verdict),
+                    };
+                    if let Some(mode) = mode {
+                        limit_headers
+                            .insert(FLOWGATE_FALLBACK.clone(), HeaderValue::from_static(mode));
+                    }
+                }
+            }
+        }
+        let timeout = config.upstream_timeout;
+        drop(active);
+        self.forward(peer, parts, body, timeout, limit_headers)
+            .await
+    }
+
+    /// What the verdict means for the request: a denial wins over a store failure (a known
+    /// answer is the better one); a failed limit then follows its rule's `fail` mode.
+    fn judge(&self, verdict: &Verdict<'_>) -> Judgement {
+        if verdict
+            .descriptors
+            .iter()
+            .any(|d| !d.allows() && (d.over_limit() || matches!(d.status, Status::Checked(_))))
+        {
+            return Judgement::Limited;
+        }
+        let mut fallback_open = false;
+        for d in &verdict.descriptors {
+            let Status::Failed(e) = &d.status else {
+                continue;
+            };
+            if d.allows() {
+                continue; // shadow mode
+            }
+            let mode = match d.applied {
+                Some(Applied::Rule(rule)) => rule.fail,
+                _ => None,
+            };
+            if mode == Some(FailMode::Open) {
+                fallback_open = true;
+            } else {
+                self.service.metrics().fallback_decision(FailMode::Closed);
+                return Judgement::Unavailable(e.clone());
+            }
+        }
+        if fallback_open {
+            self.service.metrics().fallback_decision(FailMode::Open);
+        }
+        Judgement::Pass { fallback_open }
+    }
+
+    /// The 429 for a denied verdict.
+    fn limited(&self, verdict: &Verdict<'_>) -> Response<Body> {
+        let denials = verdict
+            .descriptors
+            .iter()
+            .filter(|d| !d.allows())
+            .filter_map(|d| match &d.status {
+                Status::Checked(decision) => Some(decision),
+                _ => None,
+            });
+        let secs = retry_after_secs(denials);
+        let violated = verdict
+            .descriptors
+            .iter()
+            .filter(|d| !d.allows())
+            .filter_map(|d| d.applied.as_ref().map(|a| rls::limit_name(a).to_owned()))
+            .collect();
+        let mut response = Problem::quota_exceeded(violated, secs).into_response();
+        let (quotas, decisions) = counted(verdict);
+        append_ratelimit_headers(response.headers_mut(), &reports(&quotas, &decisions), false);
+        set_retry_after(response.headers_mut(), secs);
+        if let Some(mode) = rls::fallback_mode(verdict) {
+            response
+                .headers_mut()
+                .insert(FLOWGATE_FALLBACK.clone(), HeaderValue::from_static(mode));
+        }
+        self.service
+            .metrics()
+            .gateway_response(GatewayOutcome::Limited);
+        response.map(|b| Either::Right(Full::new(b)))
+    }
+
+    /// A problem response, counted under `outcome`.
+    fn problem(&self, outcome: GatewayOutcome, problem: Problem) -> Response<Body> {
+        self.service.metrics().gateway_response(outcome);
+        problem.into_response().map(|b| Either::Right(Full::new(b)))
+    }
+
+    /// Sends the request upstream and streams the response back with `limit_headers` added.
+    async fn forward(
+        &self,
+        peer: SocketAddr,
+        mut parts: Parts,
+        body: Incoming,
+        timeout: Duration,
+        limit_headers: HeaderMap,
+    ) -> Response<Body> {
+        parts.uri = match self.upstream.uri(parts.uri.path_and_query()) {
+            Ok(uri) => uri,
+            Err(_) => {
+                return self.problem(
+                    GatewayOutcome::Rejected,
+                    Problem::status(StatusCode::BAD_REQUEST, "the request target is not a path"),
+                );
+            }
+        };
+        parts.version = http::Version::HTTP_11;
+        forward::remove_hop_by_hop(&mut parts.headers);
+        forward::add_forwarding(&mut parts.headers, peer.ip());
+        parts.extensions = http::Extensions::new();
+
+        let sent = self.client.request(Request::from_parts(parts, body));
+        let response = match tokio::time::timeout(timeout, sent).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => {
+                tracing::debug!(upstream = %self.upstream, "upstream request failed: {e:?}");
+                let detail = if e.is_connect() {
+                    format!("cannot connect to the upstream {}", self.upstream)
+                } else {
+                    format!("the upstream {} failed to answer", self.upstream)
+                };
+                return self.problem(
+                    GatewayOutcome::BadGateway,
+                    Problem::status(StatusCode::BAD_GATEWAY, detail),
+                );
+            }
+            Err(_) => {
+                return self.problem(
+                    GatewayOutcome::GatewayTimeout,
+                    Problem::status(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        format!(
+                            "the upstream {} did not answer within {}",
+                            self.upstream,
+                            humantime::format_duration(timeout)
+                        ),
+                    ),
+                );
+            }
+        };
+        let (mut parts, body) = response.into_parts();
+        // The gateway's own version towards the client (hyper downgrades for HTTP/1.0
+        // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
+        parts.version = http::Version::HTTP_11;
+        forward::remove_hop_by_hop(&mut parts.headers);
+        for (name, value) in limit_headers {
+            if let Some(name) = name {
+                parts.headers.append(name, value);
+            }
+        }
+        self.service
+            .metrics()
+            .gateway_response(GatewayOutcome::Forwarded);
+        Response::from_parts(parts, Either::Left(body))
+    }
+}
+
+/// What to do with a request after the decision.
+enum Judgement {
+    /// Forward it; `fallback_open` when a failed store was ignored by `fail: open`.
+    Pass {
+        /// Whether a fail-open rule let it through.
+        fallback_open: bool,
+    },
+    /// 429.
+    Limited,
+    /// 503: an enforced limit's store failed and the rule fails closed.
+    Unavailable(StoreError),
+}
+
+/// The descriptors of a request under `config`. A descriptor with an entry whose source the
+/// request lacks (no such header, no valid bearer token, no such claim, no host) is skipped,
+/// as Envoy does; a header that is present but unusable as a key (not visible ASCII, longer
+/// than 256 bytes) rejects the request with 400.
+fn descriptors(config: &GatewayConfig, parts: &Parts) -> Result<Vec<Descriptor>, KeyRejection> {
+    let mut out = Vec::with_capacity(config.descriptors.len());
+    'descriptors: for entries in &config.descriptors {
+        let mut built = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let Some(value) = value_of(config, &entry.source, parts)? else {
+                continue 'descriptors;
+            };
+            built.push(Entry {
+                key: entry.key.clone(),
+                value,
+            });
+        }
+        out.push(Descriptor::new(built));
+    }
+    Ok(out)
+}
+
+/// The value of one entry, `None` when the request lacks it.
+fn value_of(
+    config: &GatewayConfig,
+    source: &Source,
+    parts: &Parts,
+) -> Result<Option<String>, KeyRejection> {
+    Ok(match source {
+        Source::RemoteAddress => Some(config.client_ip.extract(parts)?),
+        // `Header` answers 401 only for a missing (or blank) header.
+        Source::Header(header) => match header.extract(parts) {
+            Ok(value) => Some(value),
+            Err(rejection) if rejection.status == StatusCode::UNAUTHORIZED => None,
+            Err(rejection) => return Err(rejection),
+        },
+        Source::Path => Some(parts.uri.path().to_owned()),
+        Source::Method => Some(parts.method.as_str().to_owned()),
+        Source::Host => key::Host.extract(parts).ok(),
+        Source::JwtClaim(claim) => claim.extract(parts).ok(),
+        Source::Generic(value) => Some(value.clone()),
+    })
+}
+
+/// The quotas and decisions of every counted limit of `verdict`, for the `RateLimit` headers.
+/// Blocked rules (`requests_per_unit: 0`) have no quota to advertise and are left out (their
+/// denial still sets `Retry-After`).
+fn counted<'v>(verdict: &'v Verdict<'_>) -> (Vec<(&'v str, Quota)>, Vec<&'v flowgate::Decision>) {
+    let mut quotas = Vec::new();
+    let mut decisions = Vec::new();
+    for d in &verdict.descriptors {
+        if let (Some(applied), Status::Checked(decision)) = (&d.applied, &d.status)
+            && let Rate::Limited(quota) = applied.rate()
+        {
+            quotas.push((rls::limit_name(applied), quota));
+            decisions.push(decision);
+        }
+    }
+    (quotas, decisions)
+}
+
+/// [`Report`]s over [`counted`]'s lists.
+fn reports<'a>(
+    quotas: &'a [(&'a str, Quota)],
+    decisions: &'a [&'a flowgate::Decision],
+) -> Vec<Report<'a>> {
+    quotas
+        .iter()
+        .zip(decisions)
+        .map(|((name, quota), decision)| Report {
+            name,
+            quota,
+            decision,
+        })
+        .collect()
+}
+
+/// Serves `gateway` on `listener` until `shutdown` completes; then stops accepting and waits
+/// up to [`SHUTDOWN_GRACE`] for responses in flight.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.as_mut() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("gateway: cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let gateway = gateway.clone();
+        let service = service_fn(move |request| {
+            let gateway = gateway.clone();
+            async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
+        });
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%peer, "gateway connection ended with an error: {e}");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "gateway: responses still in flight after {}; closing their connections",
+            humantime::format_duration(SHUTDOWN_GRACE)
+        );
+    }
+    Ok(())
+}
