@@ -2,7 +2,6 @@
 //! metrics, config), over one shared [`Service`].
 
 pub mod grpc;
-pub mod headers;
 pub mod http;
 mod problem;
 pub mod rls;

@@ -1,57 +1,37 @@
-//! RFC 9457 problem details (`application/problem+json`) for errors of the HTTP API.
+//! RFC 9457 problem details (`application/problem+json`) for errors of the HTTP API: the
+//! library's [`flowgate::http::problem::Problem`] (the same body the tower layer and the
+//! gateway send), with the service's two problem types.
 
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use flowgate::http::problem::Problem as Body;
+use http::StatusCode;
 
-/// A problem detail: what went wrong, as a machine-readable JSON body.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Problem {
-    /// A URI naming the kind of problem.
-    #[serde(rename = "type")]
-    kind: &'static str,
-    /// A short summary of the kind.
-    title: &'static str,
-    /// The HTTP status.
-    status: u16,
-    /// What happened this time.
-    detail: String,
-}
+/// A problem the HTTP API answers with.
+#[derive(Debug, Clone)]
+pub(crate) struct Problem(Body);
 
 impl Problem {
     /// 400: the body could not be parsed or is not a valid request.
     pub(crate) fn bad_request(detail: impl Into<String>) -> Self {
-        Problem {
-            kind: "https://flowgate.dev/problems/bad-request",
-            title: "Malformed request",
-            status: 400,
-            detail: detail.into(),
-        }
+        Problem(Body {
+            type_uri: "https://flowgate.dev/problems/bad-request",
+            title: "Malformed request".into(),
+            ..Body::status(StatusCode::BAD_REQUEST, detail)
+        })
     }
 
     /// 503: the store could not be asked.
     pub(crate) fn unavailable(detail: impl Into<String>) -> Self {
-        Problem {
-            kind: "https://flowgate.dev/problems/store-unavailable",
-            title: "The rate-limit store is unavailable",
-            status: 503,
-            detail: detail.into(),
-        }
+        Problem(Body {
+            type_uri: "https://flowgate.dev/problems/store-unavailable",
+            title: "The rate-limit store is unavailable".into(),
+            ..Body::status(StatusCode::SERVICE_UNAVAILABLE, detail)
+        })
     }
 }
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
-        let body = serde_json::to_vec(&self).unwrap_or_default();
-        let mut response = (status, body).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        response
-            .headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        response
+        self.0.into_response().map(axum::body::Body::from)
     }
 }

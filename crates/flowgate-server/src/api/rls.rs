@@ -20,14 +20,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt64Value};
 use flowgate::FailMode;
+use flowgate::http::headers;
 use flowgate::policy::descriptor::{
     Applied, Descriptor, DescriptorVerdict, Entry, LimitOverride, Status, Verdict,
 };
-use flowgate::policy::rules::Unit;
+use flowgate::policy::rules::{Rate, Unit};
 use flowgate::store::StoreError;
 use serde::{Deserialize, Serialize};
-
-use super::headers::{self, Item};
+use std::fmt::Write as _;
 
 /// A request the service cannot take (gRPC `INVALID_ARGUMENT`, HTTP 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -148,30 +148,35 @@ pub fn hard_failure<'v>(verdict: &'v Verdict<'_>) -> Option<&'v StoreError> {
     })
 }
 
-/// The IETF header items of every counted limit in `verdict`.
-pub fn header_items<'v>(verdict: &'v Verdict<'_>) -> Vec<Item<'v>> {
-    verdict
-        .descriptors
-        .iter()
-        .filter_map(|d| {
-            let applied = d.applied.as_ref()?;
-            let Status::Checked(decision) = &d.status else {
-                return None;
-            };
-            let period = applied.rate().period()?;
-            Some(Item {
-                name: limit_name(applied),
-                quota: decision.limit,
-                window: period,
-                remaining: decision.remaining,
-                reset: if decision.allowed {
-                    decision.reset_after
-                } else {
-                    decision.retry_after
-                },
-            })
-        })
-        .collect()
+/// `RateLimit-Policy` and `RateLimit` for every checked limit of `verdict`, written by the
+/// library's formatters (the same the tower layer and the gateway use); `None` when no limit
+/// was checked. A blocklist rule (0 per unit), which has no quota, advertises `q=0`.
+pub fn ratelimit_values(verdict: &Verdict<'_>) -> Option<(String, String)> {
+    let mut policy = String::new();
+    let mut state = String::new();
+    for d in &verdict.descriptors {
+        let (Some(applied), Status::Checked(decision)) = (&d.applied, &d.status) else {
+            continue;
+        };
+        let name = limit_name(applied);
+        let item = match applied.rate() {
+            Rate::Limited(quota) => headers::policy_item(name, &quota),
+            Rate::Blocked { period } => {
+                let mut item = headers::sf_string(name);
+                // Writing to a String cannot fail.
+                let _ = write!(item, ";q=0;w={}", period.as_secs().max(1));
+                item
+            }
+            Rate::Unlimited => continue,
+        };
+        if !policy.is_empty() {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        policy.push_str(&item);
+        state.push_str(&headers::limit_item(name, decision));
+    }
+    (!policy.is_empty()).then_some((policy, state))
 }
 
 /// Seconds to wait before retrying a denied request: the longest wait among the enforced
@@ -194,7 +199,7 @@ pub fn retry_after_secs(verdict: &Verdict<'_>) -> Option<u64> {
 /// The `RateLimit-Policy`, `RateLimit` (and, when denied, `Retry-After`) headers of a verdict.
 pub fn response_headers(verdict: &Verdict<'_>) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
-    if let Some((policy, state)) = headers::ratelimit_headers(&header_items(verdict)) {
+    if let Some((policy, state)) = ratelimit_values(verdict) {
         out.push(("RateLimit-Policy", policy));
         out.push(("RateLimit", state));
     }

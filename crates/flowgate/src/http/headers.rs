@@ -70,6 +70,17 @@ pub fn reset_secs(decision: &Decision) -> u64 {
     }
 }
 
+/// `name` as a Structured Field string (RFC 8941 §3.3.3), as the headers write it.
+///
+/// ```
+/// assert_eq!(flowgate::http::headers::sf_string("a\"b"), r#""a\"b""#);
+/// ```
+pub fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    push_sf_string(&mut out, name);
+    out
+}
+
 /// Appends `name` as an sf-string: quoted, `"` and `\` escaped, anything outside printable
 /// ASCII replaced by `?` (sf-strings cannot carry it).
 fn push_sf_string(out: &mut String, name: &str) {
