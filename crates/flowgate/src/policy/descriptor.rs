@@ -467,124 +467,55 @@ async fn check_in<'r, C: Counters>(
     descriptors: &[Descriptor],
     hits_addend: u64,
 ) -> Verdict<'r> {
-    let mut verdicts = match resolve(rules, domain, descriptors, hits_addend) {
-        Ok(verdicts) => verdicts,
-        Err(e) => {
-            let request_hits = hits_addend.max(1);
-            let failed = |d: &Descriptor| DescriptorVerdict {
-                applied: None,
-                status: Status::Failed(StoreError::Backend(format!("invalid limit override: {e}"))),
-                hits: d.hits_addend.unwrap_or(request_hits),
-            };
-            return Verdict {
-                allowed: false,
-                descriptors: descriptors.iter().map(failed).collect(),
-            };
-        }
-    };
-    // The quota of a descriptor the store is asked about.
-    let counted = |v: &DescriptorVerdict<'r>| match (&v.status, v.applied?.rate()) {
-        (Status::Checked(_), Rate::Limited(quota)) => Some(quota),
-        _ => None,
-    };
-
-    // A blocked, enforced limit denies the request whatever the others say: the others are
-    // then only peeked, so nothing is consumed.
-    let blocked_enforced = verdicts.iter().any(|v| {
-        matches!(v.status, Status::Checked(_))
-            && v.applied
-                .is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
-    });
-
-    // Ask the store about every counted descriptor at once. With one, there is nothing to give
-    // back on a denial, so it is asked directly (no lists to allocate).
-    let cost = |hits: u64| if blocked_enforced { 0 } else { hits };
-    let key_of = |v: &DescriptorVerdict<'r>, descriptor: &Descriptor, quota: &Quota| match v.applied
-    {
-        Some(Applied::Rule(rule)) => {
-            key_with_suffix(domain, &descriptor.entries, rule.counter_suffix())
-        }
-        _ => counter_key(domain, &descriptor.entries, quota),
-    };
-    let mut single = None;
-    let mut many = 0;
-    for (i, v) in verdicts.iter().enumerate() {
-        if counted(v).is_some() {
-            single = Some(i);
-            many += 1;
+    // Everything that needs no waiting is done in plain functions: most requests (one counted
+    // limit, a store that answers at once) never reach an `.await`.
+    match check_at_once(rules, store, domain, descriptors, hits_addend) {
+        AtOnce::Done(verdict) => verdict,
+        AtOnce::Ask(mut pending) => {
+            let results = ask_store(store, domain, descriptors, &pending).await;
+            pending.apply(results.into_iter());
+            pending.into_verdict()
         }
     }
-    let (mut first, rest) = match (single, many) {
-        (None, _) => (None, Vec::new()),
-        (Some(i), 1) => {
-            let v = &verdicts[i];
-            let quota = counted(v).unwrap_or_else(fallback_quota);
-            let cost = cost(v.hits);
-            // A store that answers at once gets the key in a reused buffer: nothing allocated.
-            let now = KEY_SCRATCH.with_borrow_mut(|key| {
-                key.clear();
-                match v.applied {
-                    Some(Applied::Rule(rule)) => {
-                        write_key(key, domain, &descriptors[i].entries, rule.counter_suffix());
-                    }
-                    _ => write_key(key, domain, &descriptors[i].entries, &quota_suffix(&quota)),
-                }
-                store.try_now(Acquire {
-                    key,
-                    quota: &quota,
-                    cost,
-                })
-            });
-            let answer = match now {
-                Some(answer) => answer,
-                None => {
-                    let key = key_of(v, &descriptors[i], &quota);
-                    let request = Acquire {
-                        key: &key,
-                        quota: &quota,
-                        cost,
-                    };
-                    store
-                        .acquire_one(request, v.applied.and_then(|a| a.fail()))
-                        .await
-                }
-            };
-            (Some(answer), Vec::new())
-        }
-        _ => {
-            let mut keys = Vec::with_capacity(many);
-            let mut quotas = Vec::with_capacity(many);
-            for (v, descriptor) in verdicts.iter().zip(descriptors) {
-                if let (Some(quota), Some(applied)) = (counted(v), v.applied) {
-                    keys.push(key_of(v, descriptor, &quota));
-                    quotas.push((quota, v.hits, applied.shadow_mode(), applied.fail()));
-                }
-            }
-            let requests: Vec<Acquire<'_>> = keys
-                .iter()
-                .zip(&quotas)
-                .map(|(key, (quota, hits, _, _))| Acquire {
-                    key,
-                    quota,
-                    cost: cost(*hits),
-                })
-                .collect();
-            let fails: Vec<Option<FailMode>> = quotas.iter().map(|q| q.3).collect();
-            (
-                None,
-                store
-                    .acquire_every(&requests, &fails, |i| !quotas[i].2)
-                    .await
-                    .results,
-            )
-        }
-    };
+}
 
-    let mut rest = rest.into_iter();
-    let mut results = std::iter::from_fn(move || first.take().or_else(|| rest.next()));
-    let mut allowed = true;
-    for v in &mut verdicts {
-        if matches!(v.status, Status::Checked(_)) {
+/// What [`check_at_once`] got to.
+enum AtOnce<'r> {
+    /// The whole answer.
+    Done(Verdict<'r>),
+    /// The store must be waited for.
+    Ask(Pending<'r>),
+}
+
+/// The matched descriptors of a request, before the store's answers are in.
+struct Pending<'r> {
+    verdicts: Vec<DescriptorVerdict<'r>>,
+    /// A blocked, enforced limit denies the request whatever the others say: the others are
+    /// then only peeked, so nothing is consumed.
+    blocked_enforced: bool,
+}
+
+impl<'r> Pending<'r> {
+    /// The quota of a descriptor the store is asked about.
+    fn counted(v: &DescriptorVerdict<'r>) -> Option<Quota> {
+        match (&v.status, v.applied?.rate()) {
+            (Status::Checked(_), Rate::Limited(quota)) => Some(quota),
+            _ => None,
+        }
+    }
+
+    /// The units to ask for: none (a peek) when a blocked limit denies anyway.
+    fn cost(&self, hits: u64) -> u64 {
+        if self.blocked_enforced { 0 } else { hits }
+    }
+
+    /// Writes the store's `results` (one per counted descriptor, in order) into the verdicts.
+    fn apply(&mut self, mut results: impl Iterator<Item = Result<Decision, StoreError>>) {
+        let blocked_enforced = self.blocked_enforced;
+        for v in &mut self.verdicts {
+            if !matches!(v.status, Status::Checked(_)) {
+                continue;
+            }
             match v.applied.map(|a| a.rate()) {
                 Some(Rate::Blocked { period }) => v.status = Status::Checked(blocked(period)),
                 Some(Rate::Limited(_)) => {
@@ -604,20 +535,137 @@ async fn check_in<'r, C: Counters>(
                 _ => {}
             }
         }
-        allowed &= v.allows();
     }
-    Verdict {
-        allowed,
-        descriptors: verdicts,
+
+    fn into_verdict(self) -> Verdict<'r> {
+        Verdict {
+            allowed: self.verdicts.iter().all(DescriptorVerdict::allows),
+            descriptors: self.verdicts,
+        }
     }
 }
 
-/// Never used: a counted descriptor always has a quota.
-fn fallback_quota() -> Quota {
-    match Quota::per_second(1) {
-        Ok(quota) => quota,
-        Err(_) => unreachable!("1 per second is a valid quota"),
+/// The counter key of descriptor `i`, appended to `key`.
+fn write_counter_key(
+    key: &mut String,
+    domain: &str,
+    v: &DescriptorVerdict<'_>,
+    descriptor: &Descriptor,
+    quota: &Quota,
+) {
+    match v.applied {
+        Some(Applied::Rule(rule)) => {
+            write_key(key, domain, &descriptor.entries, rule.counter_suffix());
+        }
+        _ => write_key(key, domain, &descriptor.entries, &quota_suffix(quota)),
     }
+}
+
+/// Matches the request and, when no counted limit or exactly one on a store that answers at
+/// once is involved, decides it without waiting.
+fn check_at_once<'r, C: Counters>(
+    rules: &'r RuleSet,
+    store: &C,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits_addend: u64,
+) -> AtOnce<'r> {
+    let verdicts = match resolve(rules, domain, descriptors, hits_addend) {
+        Ok(verdicts) => verdicts,
+        Err(e) => {
+            let request_hits = hits_addend.max(1);
+            let failed = |d: &Descriptor| DescriptorVerdict {
+                applied: None,
+                status: Status::Failed(StoreError::Backend(format!("invalid limit override: {e}"))),
+                hits: d.hits_addend.unwrap_or(request_hits),
+            };
+            return AtOnce::Done(Verdict {
+                allowed: false,
+                descriptors: descriptors.iter().map(failed).collect(),
+            });
+        }
+    };
+    let blocked_enforced = verdicts.iter().any(|v| {
+        matches!(v.status, Status::Checked(_))
+            && v.applied
+                .is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
+    });
+    let mut pending = Pending {
+        verdicts,
+        blocked_enforced,
+    };
+    let mut counted = pending
+        .verdicts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| Some((i, Pending::counted(v)?)));
+    let answer = match (counted.next(), counted.next()) {
+        (None, _) => None,
+        (Some((i, quota)), None) => {
+            // One limit: nothing to give back on a denial. A store that answers at once gets
+            // the key in a reused buffer, so nothing is allocated.
+            let v = &pending.verdicts[i];
+            let cost = pending.cost(v.hits);
+            let now = KEY_SCRATCH.with_borrow_mut(|key| {
+                key.clear();
+                write_counter_key(key, domain, v, &descriptors[i], &quota);
+                store.try_now(Acquire {
+                    key,
+                    quota: &quota,
+                    cost,
+                })
+            });
+            match now {
+                Some(answer) => Some(answer),
+                None => return AtOnce::Ask(pending),
+            }
+        }
+        (Some(_), Some(_)) => return AtOnce::Ask(pending),
+    };
+    pending.apply(answer.into_iter());
+    AtOnce::Done(pending.into_verdict())
+}
+
+/// Asks the store about every counted descriptor of `pending` and waits: one request
+/// directly, several at once with [`acquire_all`](super::acquire_all())'s all-or-nothing.
+async fn ask_store<C: Counters>(
+    store: &C,
+    domain: &str,
+    descriptors: &[Descriptor],
+    pending: &Pending<'_>,
+) -> Vec<Result<Decision, StoreError>> {
+    let mut keys = Vec::new();
+    let mut quotas = Vec::new();
+    for (v, descriptor) in pending.verdicts.iter().zip(descriptors) {
+        if let (Some(quota), Some(applied)) = (Pending::counted(v), v.applied) {
+            let mut key = String::new();
+            write_counter_key(&mut key, domain, v, descriptor, &quota);
+            keys.push(key);
+            quotas.push((
+                quota,
+                pending.cost(v.hits),
+                applied.shadow_mode(),
+                applied.fail(),
+            ));
+        }
+    }
+    let requests: Vec<Acquire<'_>> = keys
+        .iter()
+        .zip(&quotas)
+        .map(|(key, (quota, cost, _, _))| Acquire {
+            key,
+            quota,
+            cost: *cost,
+        })
+        .collect();
+    if let [request] = requests.as_slice() {
+        return vec![store.acquire_one(*request, quotas[0].3).await];
+    }
+    let fails: Vec<Option<FailMode>> = quotas.iter().map(|q| q.3).collect();
+    store
+        .acquire_every(&requests, &fails, |i| !quotas[i].2)
+        .await
+        .results
 }
 
 #[cfg(test)]
