@@ -3,6 +3,11 @@
 #
 #   crates/flowgate-server/benches/gateway/run.sh            # 3 rounds of 10 s per scenario
 #   ROUNDS=5 DURATION=20s CONNECTIONS=64 crates/flowgate-server/benches/gateway/run.sh
+#   BASELINE=/tmp/flowgate-before crates/flowgate-server/benches/gateway/run.sh
+#
+# FLOWGATE=path runs that binary instead of building one; BASELINE=path runs a second flowgate
+# binary (e.g. built from an earlier commit) as the `baseline*` scenarios of the same run, on
+# BASELINE_PORT, so a change is compared before/after under the same conditions.
 #
 # Scenarios, interleaved round by round (so drift hits all alike):
 #   direct        wrk -> upstream                       (the floor: what proxying adds to)
@@ -32,16 +37,20 @@ CORE_LOAD=${CORE_LOAD:-1}
 UPSTREAM_PORT=${UPSTREAM_PORT:-18100}
 FLOWGATE_PORT=${FLOWGATE_PORT:-18101}
 NGINX_PORT=${NGINX_PORT:-18102}
+BASELINE_PORT=${BASELINE_PORT:-18103}
+BASELINE=${BASELINE:-}
 
 ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/flowgate-gateway-bench.XXXXXX)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-FLOWGATE=$CARGO_TARGET_DIR/release/flowgate
+if [ -z "${FLOWGATE:-}" ]; then
+  FLOWGATE=$CARGO_TARGET_DIR/release/flowgate
+  (cd "$ROOT" && cargo build --release -q -p flowgate-server)
+fi
 
 for tool in wrk nginx taskset; do
   command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install -y wrk nginx)" >&2; exit 1; }
 done
-(cd "$ROOT" && cargo build --release -q -p flowgate-server)
 
 pids=()
 cleanup() {
@@ -121,8 +130,18 @@ RUST_LOG=warn taskset -c "$CORE_PROXY" "$FLOWGATE" serve --config "$OUT/flowgate
   2> "$OUT/flowgate.log" &
 FLOWGATE_PID=$!
 pids+=("$FLOWGATE_PID")
+ports=("$UPSTREAM_PORT" "$NGINX_PORT" "$FLOWGATE_PORT")
+if [ -n "$BASELINE" ]; then
+  RUST_LOG=warn taskset -c "$CORE_PROXY" "$BASELINE" serve --config "$OUT/flowgate.yaml" \
+    --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
+    --gateway "127.0.0.1:$BASELINE_PORT" --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
+    2> "$OUT/baseline.log" &
+  BASELINE_PID=$!
+  pids+=("$BASELINE_PID")
+  ports+=("$BASELINE_PORT")
+fi
 
-for port in $UPSTREAM_PORT $NGINX_PORT $FLOWGATE_PORT; do
+for port in "${ports[@]}"; do
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/" && break
     sleep 0.1
@@ -144,7 +163,8 @@ ticks() {
   local total=0 f fields
   for pid in "$@"; do
     for f in /proc/"$pid"/task/*/stat; do
-      read -r -a fields < <(sed 's/.*) //' "$f")
+      # A thread may end between the listing and the read (tokio's idle blocking threads).
+      read -r -a fields < <(sed 's/.*) //' "$f" 2>/dev/null) || continue
       total=$((total + fields[11] + fields[12]))
     done
   done
@@ -157,6 +177,7 @@ run() { # scenario port round [wrk args...]
   case $name in *-c4) connections=$LAT_CONNECTIONS ;; esac
   case $name in
     flowgate*) proxy=("$FLOWGATE_PID") ;;
+    baseline*) proxy=("$BASELINE_PID") ;;
     nginx*) mapfile -t proxy < <(pgrep -P "$(cat "$OUT/proxy.pid")") ;;
     direct*) mapfile -t proxy < <(pgrep -P "$(cat "$OUT/upstream.pid")") ;;
   esac
@@ -172,18 +193,21 @@ for round in $(seq 1 "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   run direct "$UPSTREAM_PORT" "$round" -H "x-api-key: a"
   run flowgate "$FLOWGATE_PORT" "$round" -H "x-api-key: a"
+  [ -n "$BASELINE" ] && run baseline "$BASELINE_PORT" "$round" -H "x-api-key: a"
   run nginx "$NGINX_PORT" "$round" -H "x-api-key: a"
   run flowgate-mix "$FLOWGATE_PORT" "$round" -s "$OUT/mix.lua"
+  [ -n "$BASELINE" ] && run baseline-mix "$BASELINE_PORT" "$round" -s "$OUT/mix.lua"
   run nginx-mix "$NGINX_PORT" "$round" -s "$OUT/mix.lua"
   run direct-c4 "$UPSTREAM_PORT" "$round" -H "x-api-key: a"
   run flowgate-c4 "$FLOWGATE_PORT" "$round" -H "x-api-key: a"
+  [ -n "$BASELINE" ] && run baseline-c4 "$BASELINE_PORT" "$round" -H "x-api-key: a"
   run nginx-c4 "$NGINX_PORT" "$round" -H "x-api-key: a"
 done
 
 # --- medians -----------------------------------------------------------------------------------
-python3 - "$OUT" "$ROUNDS" <<'PY'
+python3 - "$OUT" "$ROUNDS" "${BASELINE:+1}" <<'PY'
 import re, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, baseline = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 def parse(path):
     text = open(path).read()
@@ -196,8 +220,9 @@ def parse(path):
     ticks, hz = map(int, open(path[:-4] + ".cpu").read().split())
     return rps, pct["50"], pct["99"], non2xx / total, ticks / hz * 1e6 / total
 rows = {}
-for name in ["direct", "flowgate", "nginx", "flowgate-mix", "nginx-mix",
-             "direct-c4", "flowgate-c4", "nginx-c4"]:
+names = ["direct", "flowgate", "baseline", "nginx", "flowgate-mix", "baseline-mix", "nginx-mix",
+         "direct-c4", "flowgate-c4", "baseline-c4", "nginx-c4"]
+for name in names if baseline else [n for n in names if not n.startswith("baseline")]:
     runs = [parse(f"{out}/{name}.{r}.txt") for r in range(1, rounds + 1)]
     rows[name] = [statistics.median(col) for col in zip(*runs)]
     rows[name].append([round(r[0]) for r in runs])
@@ -212,5 +237,10 @@ for fg, ng, direct in [("flowgate", "nginx", "direct"), ("flowgate-mix", "nginx-
     d = rows[direct]
     print(f"{fg} / {ng} throughput: {rows[fg][0] / rows[ng][0]:.2f}x; "
           f"p99 added vs {direct}: {fg} {rows[fg][2] - d[2]:+.3f} ms, {ng} {rows[ng][2] - d[2]:+.3f} ms")
+if baseline:
+    for fg, base in [("flowgate", "baseline"), ("flowgate-mix", "baseline-mix"),
+                     ("flowgate-c4", "baseline-c4")]:
+        print(f"{fg} / {base}: throughput {rows[fg][0] / rows[base][0]:.2f}x, "
+              f"CPU per request {rows[fg][4] / rows[base][4]:.2f}x")
 PY
 echo "raw wrk output: $OUT" >&2
