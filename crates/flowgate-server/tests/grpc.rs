@@ -195,6 +195,20 @@ async fn unlimited_blocklist_shadow_and_replaces() {
             .requests_per_unit,
         0
     );
+    // A blocklist rule has no quota: its policy advertises q=0 over its unit.
+    let header = |name: &str| {
+        banned
+            .response_headers_to_add
+            .iter()
+            .find(|h| h.key == name)
+            .map(|h| h.value.clone())
+    };
+    assert_eq!(
+        header("RateLimit-Policy").as_deref(),
+        Some("\"banned\";q=0;w=1")
+    );
+    assert_eq!(header("RateLimit").as_deref(), Some("\"banned\";r=0;t=1"));
+    assert_eq!(header("Retry-After").as_deref(), Some("1"));
     // Shadow mode: over the limit on the second call, but OK.
     for _ in 0..3 {
         let r = should(
