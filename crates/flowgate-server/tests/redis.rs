@@ -13,7 +13,9 @@ mod redis_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{OK, OVER_LIMIT, TestServer, descriptor, free_port, http_get, request, should};
+use common::{
+    OK, OVER_LIMIT, TestServer, descriptor, free_port, http_get, http_post, request, should,
+};
 use flowgate::FailMode;
 use flowgate::store::RedisStore;
 use flowgate_server::backend::{Backend, SharedOptions};
@@ -46,11 +48,22 @@ descriptors:
 
 /// A server for `yaml`, counting in `store`.
 async fn serve(yaml: &str, store: RedisStore, options: SharedOptions) -> TestServer {
+    serve_with_upstream(yaml, store, options, None).await
+}
+
+/// [`serve`], with the gateway in front of `upstream` when given.
+async fn serve_with_upstream(
+    yaml: &str,
+    store: RedisStore,
+    options: SharedOptions,
+    upstream: Option<&str>,
+) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, yaml).unwrap();
     let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
     config.backend = Backend::shared(Arc::new(store), options);
+    config.upstream = upstream.map(|url| url.parse().unwrap());
     TestServer::start_with(config, dir, vec![path]).await
 }
 
@@ -315,19 +328,11 @@ async fn the_gateway_on_redis_follows_each_rules_fail_mode_while_redis_is_away()
         .connect()
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("edge.yaml");
-    std::fs::write(&path, GATEWAY).unwrap();
-    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
-    config.backend = Backend::shared(
-        Arc::new(store),
-        SharedOptions {
-            fail: FailMode::Open,
-            instances: 2,
-        },
-    );
-    config.upstream = Some(upstream_url.parse().unwrap());
-    let server = TestServer::start_with(config, dir, vec![path]).await;
+    let options = SharedOptions {
+        fail: FailMode::Open,
+        instances: 2,
+    };
+    let server = serve_with_upstream(GATEWAY, store, options, Some(&upstream_url)).await;
     let gateway = server.gateway.unwrap();
 
     // Redis decides: four per minute.
@@ -408,7 +413,7 @@ fn the_binary_counts_in_redis_with_the_redis_flag_and_refuses_to_start_without_i
     };
     // One check of the built-in policy writes its counter into this Redis.
     let body = r#"{"domain":"default","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
-    let checked = post(http, "/v1/check", body);
+    let checked = http_post(http, "/v1/check", body);
     let keys = redis.cli(&["KEYS", "flowgate:*"]);
     let _ = child.kill();
     let _ = child.wait();
@@ -416,20 +421,4 @@ fn the_binary_counts_in_redis_with_the_redis_flag_and_refuses_to_start_without_i
     assert!(ready.contains(r#""store_kind":"shared""#), "{ready}");
     assert!(checked.starts_with("HTTP/1.1 200"), "{checked}");
     assert!(keys.contains("user=u"), "keys in Redis: {keys}");
-}
-
-/// `POST path` with a JSON body over a fresh connection; the whole response.
-fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        conn,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).unwrap();
-    response
 }

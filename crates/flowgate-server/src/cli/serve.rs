@@ -196,10 +196,10 @@ async fn connect_redis(
 ) -> Result<crate::backend::Backend, String> {
     use flowgate::store::RedisStore;
     let what = redis.urls.join(",");
-    let builder = if redis.cluster || redis.urls.len() > 1 {
-        RedisStore::cluster_builder(redis.urls)
-    } else {
-        RedisStore::builder(redis.urls.concat())
+    let builder = match <[String; 1]>::try_from(redis.urls) {
+        Ok([url]) if !redis.cluster => RedisStore::builder(url),
+        Ok(urls) => RedisStore::cluster_builder(urls),
+        Err(urls) => RedisStore::cluster_builder(urls),
     };
     let store = builder
         .prefix(redis.prefix)

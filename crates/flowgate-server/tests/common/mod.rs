@@ -213,13 +213,26 @@ pub fn free_port() -> SocketAddr {
 
 /// `GET path` over a fresh HTTP/1.1 connection; the whole response, or `None` if none came.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    exchange(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+/// `POST path` with a JSON `body` over a fresh HTTP/1.1 connection; the whole response.
+pub fn http_post(addr: SocketAddr, path: &str, body: &str) -> String {
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    exchange(addr, &request).expect("an answer")
+}
+
+/// Writes `request` on a new connection and reads until the server closes it.
+fn exchange(addr: SocketAddr, request: &str) -> Option<String> {
     let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    conn.write_all(request.as_bytes()).ok()?;
     let mut response = String::new();
     conn.read_to_string(&mut response).ok()?;
     Some(response)
