@@ -287,20 +287,8 @@ pub fn resolve<'r>(
 /// # Ok::<(), flowgate::QuotaError>(())
 /// ```
 pub fn counter_key(domain: &str, entries: &[Entry], quota: &Quota) -> String {
-    key_with_suffix(domain, entries, &quota_suffix(quota))
-}
-
-/// [`counter_key`] with the quota part already built.
-fn key_with_suffix(domain: &str, entries: &[Entry], suffix: &str) -> String {
-    let mut key = String::with_capacity(
-        domain.len()
-            + entries
-                .iter()
-                .map(|e| e.key.len() + e.value.len() + 2)
-                .sum::<usize>()
-            + suffix.len(),
-    );
-    write_key(&mut key, domain, entries, suffix);
+    let mut key = String::new();
+    write_key(&mut key, domain, entries, &quota_suffix(quota));
     key
 }
 
