@@ -9,6 +9,7 @@ mod common;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// How long any single step may take before the test fails (never a timing assumption).
 const STEP: Duration = Duration::from_secs(10);
@@ -46,12 +47,19 @@ type UpstreamBody = BoxBody<Bytes, Infallible>;
 /// * `/download/N`: N deterministic bytes, with hop-by-hop fields in the response;
 /// * `/stream`: one chunk, then waits for the test to send the rest over `release`;
 /// * `/slow`: answers only when the test says so (never, in the 504 test);
+/// * `/close`: answers `Connection: close` and closes the connection;
 /// * anything else: records the request and echoes its body.
+///
+/// It counts the connections it accepted and those that have ended, and can close its idle
+/// ones (`close_idle`), as an upstream's keep-alive timeout would.
 struct Upstream {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Chunks for `/stream`'s body after the first; dropping it ends the body.
     release: Option<mpsc::Sender<Bytes>>,
+    accepted: Arc<AtomicUsize>,
+    ended: Arc<AtomicUsize>,
+    close_idle: watch::Sender<u32>,
     _stop: oneshot::Sender<()>,
 }
 
@@ -67,24 +75,41 @@ impl Upstream {
         let (release, stream_rx) = mpsc::channel::<Bytes>(4);
         let stream_rx = Arc::new(tokio::sync::Mutex::new(Some(stream_rx)));
         let (stop, mut stopped) = oneshot::channel::<()>();
+        let (close_idle, mut close_rx) = watch::channel(0u32);
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let ended = Arc::new(AtomicUsize::new(0));
         let seen_by_server = seen.clone();
+        let (accepted_by_server, ended_by_server) = (accepted.clone(), ended.clone());
         tokio::spawn(async move {
             loop {
                 let (stream, _) = tokio::select! {
                     _ = &mut stopped => return,
                     accepted = listener.accept() => accepted.unwrap(),
                 };
+                accepted_by_server.fetch_add(1, Ordering::SeqCst);
                 let seen = seen_by_server.clone();
                 let stream_rx = stream_rx.clone();
+                let ended = ended_by_server.clone();
+                // Only closings asked for after this connection was accepted concern it.
+                close_rx.borrow_and_update();
+                let mut close_rx = close_rx.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |request: Request<Incoming>| {
                         let seen = seen.clone();
                         let stream_rx = stream_rx.clone();
                         async move { Ok::<_, Infallible>(answer(request, seen, stream_rx).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::pin!(connection);
+                    loop {
+                        tokio::select! {
+                            _ = connection.as_mut() => break,
+                            // Closes the connection now if idle, else after its response.
+                            Ok(()) = close_rx.changed() => connection.as_mut().graceful_shutdown(),
+                        }
+                    }
+                    ended.fetch_add(1, Ordering::SeqCst);
                 });
             }
         });
@@ -92,8 +117,31 @@ impl Upstream {
             addr,
             seen,
             release: Some(release),
+            accepted,
+            ended,
+            close_idle,
             _stop: stop,
         }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Waits (bounded) until `n` connections have ended.
+    async fn ended(&self, n: usize) {
+        tokio::time::timeout(STEP, async {
+            while self.ended.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{n} upstream connections should have ended"));
+    }
+
+    /// Closes every idle connection, as a keep-alive timeout does.
+    fn close_idle(&self) {
+        self.close_idle.send_modify(|n| *n += 1);
     }
 
     fn url(&self) -> String {
@@ -137,6 +185,12 @@ async fn answer(
             }
         });
         return Response::new(body.boxed());
+    }
+    if path == "/close" {
+        return Response::builder()
+            .header("connection", "close")
+            .body(Full::new(Bytes::from_static(b"bye")).boxed())
+            .unwrap();
     }
     if path == "/slow" {
         std::future::pending::<()>().await;
@@ -280,6 +334,72 @@ async fn allowed_requests_reach_the_upstream_intact() {
     );
     assert_eq!(seen.headers["via"], "1.1 flowgate");
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_shared_and_closed_ones_replaced() {
+    let upstream = Upstream::start().await;
+    let server = gateway(PASS_ALL, &upstream.url()).await;
+    // Ten clients one after another, each on its own connection: one upstream connection.
+    for i in 0..10 {
+        let answer = get(&server, &format!("/n/{i}"), &[]).await;
+        assert_eq!(answer.status, 201);
+    }
+    assert_eq!(upstream.accepted(), 1, "the upstream connection is reused");
+
+    // The upstream closes the connection after a response: the next request opens another.
+    let bye = get(&server, "/close", &[]).await;
+    assert_eq!((bye.status, &bye.body[..]), (200, &b"bye"[..]));
+    assert!(
+        bye.headers.get("connection").is_none(),
+        "hop-by-hop Connection is not forwarded"
+    );
+    upstream.ended(1).await;
+    assert_eq!(get(&server, "/after-close", &[]).await.status, 201);
+    assert_eq!(upstream.accepted(), 2);
+
+    // The upstream drops its idle connections (a keep-alive timeout): the pooled one is found
+    // closed, and the request goes out on a new one instead of failing.
+    upstream.close_idle();
+    upstream.ended(2).await;
+    assert_eq!(get(&server, "/after-idle-close", &[]).await.status, 201);
+    assert_eq!(upstream.accepted(), 3);
+
+    // Concurrent clients get connections of their own, all kept for later.
+    let gateway = server.gateway.unwrap();
+    let answers = futures_join_all((0..8).map(|i| {
+        let request = Request::get(format!("http://{gateway}/c/{i}"))
+            .body(Full::default())
+            .unwrap();
+        async move { send(&client(), request).await.status }
+    }))
+    .await;
+    assert_eq!(answers, [201; 8]);
+    let after_burst = upstream.accepted();
+    assert!((3..=3 + 8).contains(&after_burst), "{after_burst}");
+    for i in 0..8 {
+        assert_eq!(get(&server, &format!("/again/{i}"), &[]).await.status, 201);
+    }
+    assert_eq!(
+        upstream.accepted(),
+        after_burst,
+        "idle connections are reused"
+    );
+    server.stop().await;
+}
+
+/// Runs the futures concurrently on the test's runtime and returns their outputs in order.
+async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

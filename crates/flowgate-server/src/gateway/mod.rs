@@ -22,6 +22,7 @@
 //! Upgrades (WebSocket) are not proxied yet: `Upgrade` is hop-by-hop and removed.
 
 mod forward;
+mod pool;
 mod upstream;
 
 use std::convert::Infallible;
@@ -61,8 +62,10 @@ use crate::metrics::{Api, GatewayOutcome};
 /// closing their connections.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
+pub use pool::UpstreamBody;
+
 /// The response body: the upstream's, streamed, or one the gateway wrote.
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<UpstreamBody, Full<Bytes>>;
 
 /// The gateway's state, shared by every connection.
 pub struct Gateway {
@@ -70,8 +73,8 @@ pub struct Gateway {
     service: Arc<Service>,
     /// Where allowed requests go.
     upstream: Upstream,
-    /// Pooled connections to the upstream.
-    client: upstream::UpstreamClient,
+    /// Keep-alive connections to the upstream.
+    pool: pool::Pool,
     /// The section used while the running configuration has none.
     fallback: GatewayConfig,
 }
@@ -117,7 +120,7 @@ impl Gateway {
     pub fn new(service: Arc<Service>, upstream: Upstream, fallback: GatewayConfig) -> Self {
         Gateway {
             service,
-            client: upstream::client(fallback.upstream_timeout),
+            pool: pool::Pool::new(&upstream, fallback.upstream_timeout),
             upstream,
             fallback,
         }
@@ -275,29 +278,28 @@ impl Gateway {
         timeout: Duration,
         limit_headers: HeaderMap,
     ) -> Response<Body> {
-        parts.uri = match self.upstream.uri(parts.uri.path_and_query()) {
-            Ok(uri) => uri,
-            Err(_) => {
-                return self.problem(
-                    GatewayOutcome::Rejected,
-                    Problem::status(StatusCode::BAD_REQUEST, "the request target is not a path"),
-                );
-            }
+        // Origin form (`/path?query`): the upstream is a server, not a proxy.
+        parts.uri = match parts.uri.path_and_query() {
+            Some(path) => http::Uri::from(path.clone()),
+            None => http::Uri::from_static("/"),
         };
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
         forward::add_forwarding(&mut parts.headers, peer.ip());
         parts.extensions = http::Extensions::new();
 
-        let sent = self.client.request(Request::from_parts(parts, body));
+        let sent = self.pool.send(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(timeout, sent).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
-                tracing::debug!(upstream = %self.upstream, "upstream request failed: {e:?}");
-                let detail = if e.is_connect() {
-                    format!("cannot connect to the upstream {}", self.upstream)
-                } else {
-                    format!("the upstream {} failed to answer", self.upstream)
+                tracing::debug!(upstream = %self.upstream, "upstream request failed: {e}");
+                let detail = match e {
+                    pool::SendError::Connect(_) => {
+                        format!("cannot connect to the upstream {}", self.upstream)
+                    }
+                    pool::SendError::Http(_) => {
+                        format!("the upstream {} failed to answer", self.upstream)
+                    }
                 };
                 return self.problem(
                     GatewayOutcome::BadGateway,

@@ -1,19 +1,10 @@
-//! The upstream the gateway forwards to: an `http://host:port` URL, and the pooled client that
-//! talks to it.
+//! The upstream the gateway forwards to: an `http://host:port` URL.
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
 
 use http::Uri;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-
-/// How long an idle pooled connection to the upstream is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+use http::uri::Authority;
 
 /// Where requests go: `http://host[:port]`. TLS to the upstream and path prefixes are not
 /// supported (yet); [`Upstream::from_str`] says so rather than guessing.
@@ -78,36 +69,10 @@ impl fmt::Display for Upstream {
 }
 
 impl Upstream {
-    /// The upstream URI for a request's path and query.
-    pub(crate) fn uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
-        let path = path_and_query.map_or("/", PathAndQuery::as_str);
-        Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
-    }
-
     /// Its `host[:port]`.
     pub fn authority(&self) -> &Authority {
         &self.authority
     }
-}
-
-/// The pooled HTTP/1.1 client requests are forwarded with; bodies stream through as
-/// [`Incoming`].
-pub(crate) type UpstreamClient = Client<HttpConnector, Incoming>;
-
-/// A client with keep-alive connections to the upstream (idle ones kept 90 s), `TCP_NODELAY`,
-/// and `connect_timeout` to establish a connection.
-pub(crate) fn client(connect_timeout: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_timer(TokioTimer::new())
-        .build(connector)
 }
 
 #[cfg(test)]
@@ -118,12 +83,7 @@ mod tests {
     fn only_plain_http_origins_are_accepted() {
         let ok: Upstream = "http://127.0.0.1:3000".parse().unwrap();
         assert_eq!(ok.to_string(), "http://127.0.0.1:3000");
-        assert_eq!(
-            ok.uri(Some(&PathAndQuery::from_static("/a?b=1")))
-                .unwrap()
-                .to_string(),
-            "http://127.0.0.1:3000/a?b=1"
-        );
+        assert_eq!(ok.authority().as_str(), "127.0.0.1:3000");
         assert!("http://example.com/".parse::<Upstream>().is_ok());
         for (bad, why) in [
             ("https://example.com", "TLS"),

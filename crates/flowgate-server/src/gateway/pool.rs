@@ -1,0 +1,390 @@
+//! Keep-alive HTTP/1.1 connections to the upstream, shared by every client connection and
+//! driven by the task that is using them.
+//!
+//! A pooled connection is the pair hyper's `client::conn::http1` hands out: the
+//! [`SendRequest`] half and the [`Connection`] future that does the reading and writing.
+//! Usually that future runs as a task of its own, so each request crosses tasks three times
+//! (request in, response head out, body out). Here the task forwarding a request polls its
+//! upstream connection itself — while it waits for the response head, then from the
+//! response body ([`UpstreamBody`]) until the body ends — so the upstream socket wakes the
+//! task that needs the bytes. When the body has ended and the connection can take another
+//! request, it goes back to the pool (last in, first out); a connection that cannot is closed.
+//!
+//! An idle connection is nobody's task: a sweeper looks at the idle ones every
+//! [`SWEEP_EVERY`], closing those the upstream has closed and those idle longer than
+//! [`IDLE_TIMEOUT`]; at most [`MAX_IDLE`] are kept.
+
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::HOST;
+use http::{HeaderValue, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use super::Upstream;
+
+/// How long an idle connection is kept.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How many idle connections are kept; beyond that the oldest are closed.
+pub(crate) const MAX_IDLE: usize = 1024;
+/// How often idle connections are looked at.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How many pooled connections one request tries (each found closed before the request was
+/// written) before it opens a new one.
+const MAX_STALE: usize = 3;
+
+/// Why a request could not be forwarded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    /// No connection to the upstream could be opened within the connect timeout.
+    #[error("cannot connect: {0}")]
+    Connect(io::Error),
+    /// The connection failed, or the upstream's answer was not HTTP.
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+}
+
+/// Connections to one upstream.
+#[derive(Debug, Clone)]
+pub(crate) struct Pool {
+    /// What the pool's handles share.
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// `host:port` to connect to (port 80 when the URL has none).
+    address: String,
+    /// The `Host` sent when a request has none (an HTTP/1.0 client's).
+    host: HeaderValue,
+    /// How long connecting may take.
+    connect_timeout: Duration,
+    /// Idle connections, oldest first.
+    idle: Mutex<VecDeque<Conn>>,
+}
+
+/// What reads and writes one connection.
+type Driver = Connection<TokioIo<TcpStream>, Incoming>;
+
+/// One connection to the upstream.
+struct Conn {
+    /// Where requests are handed in.
+    sender: SendRequest<Incoming>,
+    /// The reading and writing; `None` once it has ended.
+    driver: Option<Pin<Box<Driver>>>,
+    /// When it last went idle.
+    idle_since: Instant,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("open", &self.driver.is_some())
+            .field("idle_since", &self.idle_since)
+            .finish()
+    }
+}
+
+impl Conn {
+    /// Lets the connection read and write what it can; `false` once it has ended.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        if let Some(driver) = &mut self.driver
+            && let Poll::Ready(ended) = driver.as_mut().poll(cx)
+        {
+            if let Err(e) = ended {
+                tracing::debug!("upstream connection ended: {e}");
+            }
+            self.driver = None;
+        }
+        self.driver.is_some()
+    }
+
+    /// Polls `step`, something only this connection's driver advances (the answer to a
+    /// request, the response body), driving the connection first.
+    ///
+    /// The driver is polled with the task's waker only when `step` is still pending: hyper's
+    /// channels wake whoever last registered, and a waker left in them while the answer is
+    /// already here would only poll the task again for nothing — once or twice per request.
+    /// Every `Pending` returned comes after a drive with `cx`, so the task is woken when the
+    /// connection can go on.
+    fn poll_with<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut step: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        if !self.drive(&mut quiet()) {
+            // Ended: whatever it owed has been settled (as an error if need be).
+            return step(cx);
+        }
+        if let Poll::Ready(done) = step(&mut quiet()) {
+            return Poll::Ready(done);
+        }
+        if !self.drive(cx) {
+            return step(cx);
+        }
+        step(&mut quiet())
+    }
+
+    /// Whether it can take a request now, after driving it once without a waker to register.
+    fn reusable(&mut self) -> bool {
+        self.drive(&mut quiet()) && self.sender.is_ready()
+    }
+}
+
+/// A context whose wake-ups go nowhere: for polling what only the caller's own next poll can
+/// advance.
+fn quiet() -> Context<'static> {
+    Context::from_waker(Waker::noop())
+}
+
+impl Pool {
+    /// A pool for `upstream`; new connections must be established within `connect_timeout`.
+    /// Starts the sweeper when called inside a Tokio runtime.
+    pub(crate) fn new(upstream: &Upstream, connect_timeout: Duration) -> Self {
+        let authority = upstream.authority();
+        let address = match authority.port_u16() {
+            Some(_) => authority.as_str().to_owned(),
+            None => format!("{}:80", authority.host()),
+        };
+        let host = HeaderValue::from_str(authority.as_str())
+            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        let shared = Arc::new(Shared {
+            address,
+            host,
+            connect_timeout,
+            idle: Mutex::new(VecDeque::new()),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep(Arc::downgrade(&shared)));
+        }
+        Pool { shared }
+    }
+
+    /// Sends `request` (origin-form URI) on a pooled connection — or a new one when none is
+    /// idle or those tried were found closed before the request was written — and returns
+    /// the response head; the body streams from the connection as it is read.
+    pub(crate) async fn send(
+        &self,
+        mut request: Request<Incoming>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        if !request.headers().contains_key(HOST) {
+            request.headers_mut().insert(HOST, self.shared.host.clone());
+        }
+        for _ in 0..MAX_STALE {
+            let Some(conn) = self.shared.checkout() else {
+                break;
+            };
+            match self.exchange(conn, request).await {
+                Exchanged::Answered(response) => return Ok(response),
+                Exchanged::Failed(e) => return Err(e.into()),
+                Exchanged::Unsent(back) => request = back,
+            }
+        }
+        let conn = self.connect().await?;
+        match self.exchange(conn, request).await {
+            Exchanged::Answered(response) => Ok(response),
+            Exchanged::Failed(e) => Err(e.into()),
+            Exchanged::Unsent(_) => Err(SendError::Connect(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the new connection closed before the request could be sent",
+            ))),
+        }
+    }
+
+    /// Sends `request` on `conn`, driving it until the response head is in.
+    async fn exchange(&self, mut conn: Conn, request: Request<Incoming>) -> Exchanged {
+        let answer = conn.sender.try_send_request(request);
+        let mut answer = std::pin::pin!(answer);
+        let answered = poll_fn(|cx| conn.poll_with(cx, |cx| answer.as_mut().poll(cx))).await;
+        match answered {
+            Ok(response) => Exchanged::Answered(response.map(|body| UpstreamBody {
+                body,
+                conn: Some(conn),
+                pool: self.shared.clone(),
+            })),
+            Err(mut e) => match e.take_message() {
+                Some(request) => Exchanged::Unsent(request),
+                None => Exchanged::Failed(e.into_error()),
+            },
+        }
+    }
+
+    /// Opens a connection: TCP with `TCP_NODELAY`, then the HTTP/1.1 handshake.
+    async fn connect(&self) -> Result<Conn, SendError> {
+        let connecting = TcpStream::connect(self.shared.address.as_str());
+        let stream = match tokio::time::timeout(self.shared.connect_timeout, connecting).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err(SendError::Connect(e)),
+            Err(_) => {
+                return Err(SendError::Connect(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connecting timed out",
+                )));
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (sender, driver) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await?;
+        Ok(Conn {
+            sender,
+            driver: Some(Box::pin(driver)),
+            idle_since: Instant::now(),
+        })
+    }
+}
+
+/// How one attempt at sending a request ended.
+enum Exchanged {
+    /// The upstream answered.
+    Answered(Response<UpstreamBody>),
+    /// The connection was closed before the request was written; here it is back.
+    Unsent(Request<Incoming>),
+    /// The exchange failed after the request was (perhaps partly) written.
+    Failed(hyper::Error),
+}
+
+impl Shared {
+    /// The idle list (a panic elsewhere while holding it cannot leave it inconsistent).
+    fn idle(&self) -> MutexGuard<'_, VecDeque<Conn>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The most recently idled connection that can take a request; closed and expired ones
+    /// met on the way are dropped.
+    fn checkout(&self) -> Option<Conn> {
+        loop {
+            let mut conn = self.idle().pop_back()?;
+            if conn.idle_since.elapsed() < IDLE_TIMEOUT && conn.reusable() {
+                return Some(conn);
+            }
+        }
+    }
+
+    /// Returns a connection whose exchange is complete, or closes it if it cannot take
+    /// another request.
+    fn checkin(&self, mut conn: Conn) {
+        if !conn.reusable() {
+            return;
+        }
+        conn.idle_since = Instant::now();
+        let mut idle = self.idle();
+        if idle.len() >= MAX_IDLE {
+            idle.pop_front();
+        }
+        idle.push_back(conn);
+    }
+}
+
+/// Every [`SWEEP_EVERY`], closes the idle connections that have ended or expired; stops when
+/// the pool is gone.
+async fn sweep(shared: Weak<Shared>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let closed: Vec<Conn> = {
+            let mut idle = shared.idle();
+            let mut closed = Vec::new();
+            let mut kept = VecDeque::with_capacity(idle.len());
+            for mut conn in idle.drain(..) {
+                if conn.idle_since.elapsed() < IDLE_TIMEOUT && conn.reusable() {
+                    kept.push_back(conn);
+                } else {
+                    closed.push(conn);
+                }
+            }
+            *idle = kept;
+            closed
+        };
+        drop(closed); // outside the lock
+    }
+}
+
+/// A response body from the upstream. Polling it also drives the connection it comes on;
+/// once it has ended the connection returns to the pool.
+pub struct UpstreamBody {
+    /// The body as hyper reads it.
+    body: Incoming,
+    /// The connection, until it is returned.
+    conn: Option<Conn>,
+    /// Where it returns to.
+    pool: Arc<Shared>,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("body", &self.body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamBody {
+    /// Hands the connection back once the body has ended.
+    fn release(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.checkin(conn);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let body = &mut this.body;
+        let frame = match &mut this.conn {
+            Some(conn) => conn.poll_with(cx, |cx| Pin::new(&mut *body).poll_frame(cx)),
+            None => Pin::new(body).poll_frame(cx),
+        };
+        match &frame {
+            Poll::Ready(None) => this.release(),
+            Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.release(),
+            // A failed body leaves the connection unusable: close it now.
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            _ => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    /// A body dropped after its end (or one that never had any bytes, which nobody polls)
+    /// returns its connection; one dropped part-way closes it (it is in the middle of a
+    /// response).
+    fn drop(&mut self) {
+        if self.body.is_end_stream() {
+            self.release();
+        }
+    }
+}
