@@ -19,7 +19,9 @@
 //! `flowgate_store_breaker_open` (1 while open).
 //!
 //! The gateway: `flowgate_gateway_responses_total{outcome}` (forwarded, limited, rejected,
-//! unavailable, bad_gateway, gateway_timeout).
+//! unavailable, bad_gateway, gateway_timeout), `flowgate_gateway_upstream_connects_total`
+//! (connections opened to the upstream; with keep-alive working it stays far below the
+//! forwarded responses) and `flowgate_gateway_upstream_idle_connections`.
 
 use flowgate::FailMode;
 use flowgate::policy::descriptor::{Applied, DescriptorVerdict, Status};
@@ -153,6 +155,17 @@ pub struct Metrics {
     latency: [Histogram; 4],
     /// The gateway's responses by outcome, resolved once (by `GatewayOutcome`).
     gateway: [Counter; 6],
+    /// The gateway's connection pool.
+    upstream: UpstreamMetrics,
+}
+
+/// What the gateway's pool of upstream connections reports.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamMetrics {
+    /// Connections opened (attempts that got a TCP connection).
+    pub connects: Counter,
+    /// Connections idle in the pool now.
+    pub idle: Gauge,
 }
 
 impl Default for Metrics {
@@ -230,6 +243,17 @@ impl Metrics {
         );
         let gateway = GatewayOutcome::LABELS
             .map(|outcome| outcomes.get_or_create_owned(&OutcomeLabel { outcome }));
+        let upstream = UpstreamMetrics::default();
+        registry.register(
+            "gateway_upstream_connects",
+            "Connections the gateway opened to its upstream",
+            upstream.connects.clone(),
+        );
+        registry.register(
+            "gateway_upstream_idle_connections",
+            "Keep-alive connections to the upstream idle in the gateway's pool",
+            upstream.idle.clone(),
+        );
         Metrics {
             registry,
             rules,
@@ -239,7 +263,13 @@ impl Metrics {
             version,
             latency,
             gateway,
+            upstream,
         }
+    }
+
+    /// The gateway pool's metrics, for it to update.
+    pub fn upstream(&self) -> UpstreamMetrics {
+        self.upstream.clone()
     }
 
     /// Counts one response of the gateway.

@@ -346,6 +346,8 @@ async fn upstream_connections_are_shared_and_closed_ones_replaced() {
         assert_eq!(answer.status, 201);
     }
     assert_eq!(upstream.accepted(), 1, "the upstream connection is reused");
+    assert_eq!(server.metric(CONNECTS).await, 1.0);
+    assert_eq!(server.metric(IDLE).await, 1.0);
 
     // The upstream closes the connection after a response: the next request opens another.
     let bye = get(&server, "/close", &[]).await;
@@ -385,8 +387,14 @@ async fn upstream_connections_are_shared_and_closed_ones_replaced() {
         after_burst,
         "idle connections are reused"
     );
+    assert_eq!(server.metric(CONNECTS).await, after_burst as f64);
+    // All but the two the upstream closed are idle, ready for the next requests.
+    assert_eq!(server.metric(IDLE).await, (after_burst - 2) as f64);
     server.stop().await;
 }
+
+const CONNECTS: &str = "flowgate_gateway_upstream_connects_total";
+const IDLE: &str = "flowgate_gateway_upstream_idle_connections";
 
 /// Runs the futures concurrently on the test's runtime and returns their outputs in order.
 async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>

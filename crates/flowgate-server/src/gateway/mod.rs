@@ -118,9 +118,14 @@ impl Gateway {
     /// A gateway forwarding to `upstream`, deciding with `service`. `fallback` is the section
     /// used while the running configuration has none (see [`effective_config`]).
     pub fn new(service: Arc<Service>, upstream: Upstream, fallback: GatewayConfig) -> Self {
+        let pool = pool::Pool::new(
+            &upstream,
+            fallback.upstream_timeout,
+            service.metrics().upstream(),
+        );
         Gateway {
             service,
-            pool: pool::Pool::new(&upstream, fallback.upstream_timeout),
+            pool,
             upstream,
             fallback,
         }

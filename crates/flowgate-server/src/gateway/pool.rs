@@ -32,6 +32,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::Upstream;
+use crate::metrics::UpstreamMetrics;
 
 /// How long an idle connection is kept.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -71,6 +72,8 @@ struct Shared {
     connect_timeout: Duration,
     /// Idle connections, oldest first.
     idle: Mutex<VecDeque<Conn>>,
+    /// Connects and the idle count, for `/metrics`.
+    metrics: UpstreamMetrics,
 }
 
 /// What reads and writes one connection.
@@ -150,7 +153,11 @@ fn quiet() -> Context<'static> {
 impl Pool {
     /// A pool for `upstream`; new connections must be established within `connect_timeout`.
     /// Starts the sweeper when called inside a Tokio runtime.
-    pub(crate) fn new(upstream: &Upstream, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        upstream: &Upstream,
+        connect_timeout: Duration,
+        metrics: UpstreamMetrics,
+    ) -> Self {
         let authority = upstream.authority();
         let address = match authority.port_u16() {
             Some(_) => authority.as_str().to_owned(),
@@ -163,6 +170,7 @@ impl Pool {
             host,
             connect_timeout,
             idle: Mutex::new(VecDeque::new()),
+            metrics,
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep(Arc::downgrade(&shared)));
@@ -233,6 +241,7 @@ impl Pool {
             }
         };
         let _ = stream.set_nodelay(true);
+        self.shared.metrics.connects.inc();
         let (sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
@@ -266,7 +275,12 @@ impl Shared {
     /// met on the way are dropped.
     fn checkout(&self) -> Option<Conn> {
         loop {
-            let mut conn = self.idle().pop_back()?;
+            let mut conn = {
+                let mut idle = self.idle();
+                let conn = idle.pop_back();
+                self.count(&idle);
+                conn?
+            };
             if conn.idle_since.elapsed() < IDLE_TIMEOUT && conn.reusable() {
                 return Some(conn);
             }
@@ -285,6 +299,14 @@ impl Shared {
             idle.pop_front();
         }
         idle.push_back(conn);
+        self.count(&idle);
+    }
+
+    /// Publishes the idle count (called with the list locked, so the gauge follows it).
+    fn count(&self, idle: &VecDeque<Conn>) {
+        self.metrics
+            .idle
+            .set(i64::try_from(idle.len()).unwrap_or(i64::MAX));
     }
 }
 
@@ -311,6 +333,7 @@ async fn sweep(shared: Weak<Shared>) {
                 }
             }
             *idle = kept;
+            shared.count(&idle);
             closed
         };
         drop(closed); // outside the lock
