@@ -2,8 +2,10 @@
 //! removed, `X-Forwarded-For`, `Forwarded` and `Via` record the hop, and the `Host` rules of
 //! RFC 9112 §3.2 are applied.
 
+use std::fmt::Write;
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use http::header::{
     CONNECTION, CONTENT_LENGTH, FORWARDED, HOST, HeaderMap, HeaderName, HeaderValue, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE, VIA,
@@ -118,15 +120,10 @@ pub(crate) fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static 
 /// flowgate` (RFC 9110 §7.6.3).
 pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr) {
     let ip = client.to_canonical();
-    let xff = ip.to_string();
-    append_list(headers, &X_FORWARDED_FOR, &xff);
-    if !headers.contains_key(&VIA) {
-        headers.insert(VIA, HeaderValue::from_static(VIA_FLOWGATE));
-    } else {
-        append_list(headers, &VIA, VIA_FLOWGATE);
-    }
+    let mut xff = String::with_capacity(48);
+    push_ip(&mut xff, ip);
 
-    let mut element = String::with_capacity(64);
+    let mut element = String::with_capacity(96);
     element.push_str("for=");
     match ip {
         IpAddr::V4(_) => element.push_str(&xff),
@@ -140,26 +137,61 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr) {
         && !host.is_empty()
     {
         element.push_str(";host=\"");
-        for c in host.chars() {
-            if c == '"' || c == '\\' {
-                element.push('\\');
+        if host.contains(['"', '\\']) {
+            for c in host.chars() {
+                if c == '"' || c == '\\' {
+                    element.push('\\');
+                }
+                element.push(c);
             }
-            element.push(c);
+        } else {
+            element.push_str(host);
         }
         element.push('"');
     }
     element.push_str(";proto=http");
-    append_list(headers, &FORWARDED, &element);
+
+    append_list(headers, &X_FORWARDED_FOR, xff);
+    append_list(headers, &FORWARDED, element);
+    if !headers.contains_key(&VIA) {
+        headers.insert(VIA, HeaderValue::from_static(VIA_FLOWGATE));
+    } else {
+        append_list(headers, &VIA, VIA_FLOWGATE.to_owned());
+    }
+}
+
+/// Appends `ip` in its usual text form (IPv4 by hand: `Display` goes through the formatting
+/// machinery, and this runs on every forwarded request).
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
 }
 
 /// This hop in `Via`.
 const VIA_FLOWGATE: &str = "1.1 flowgate";
 
 /// Appends `item` to the comma-separated list in `name`, folding earlier lines into one
-/// (some upstreams read only the first line).
-fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: &str) {
+/// (some upstreams read only the first line). The value takes the string's buffer.
+fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: String) {
     if !headers.contains_key(name) {
-        if let Ok(value) = HeaderValue::from_str(item) {
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
             headers.insert(name.clone(), value);
         }
         return;
@@ -174,8 +206,8 @@ fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: &str) {
             }
         }
     }
-    joined.push_str(item);
-    if let Ok(value) = HeaderValue::from_str(&joined) {
+    joined.push_str(&item);
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(joined)) {
         headers.insert(name.clone(), value);
     }
 }
@@ -235,6 +267,19 @@ mod tests {
             r#"for=192.0.2.7;host="api.example:8000";proto=http"#
         );
         assert_eq!(h["via"], "1.1 flowgate");
+        for ip in ["0.0.0.0", "9.10.99.100", "10.0.100.255", "255.255.255.255"] {
+            let mut h = HeaderMap::new();
+            add_forwarding(&mut h, ip.parse().unwrap());
+            assert_eq!(h["x-forwarded-for"], ip);
+            assert_eq!(h["forwarded"], format!("for={ip};proto=http"));
+        }
+        let mut h = headers(&[("host", r#"we"ird\host"#), ("via", "1.0 edge")]);
+        add_forwarding(&mut h, "192.0.2.1".parse().unwrap());
+        assert_eq!(
+            h["forwarded"],
+            r#"for=192.0.2.1;host="we\"ird\\host";proto=http"#
+        );
+        assert_eq!(h["via"], "1.0 edge, 1.1 flowgate");
         let mut h = headers(&[("forwarded", "for=198.51.100.1")]);
         add_forwarding(&mut h, "2001:db8::1".parse().unwrap());
         assert_eq!(

@@ -15,8 +15,7 @@
 //! and `t` the seconds until the limit resets — or, on a denied limit, until the request would
 //! be allowed, so that `t` and `Retry-After` agree. Several layers may each append their items.
 
-use std::fmt::Write;
-
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
@@ -85,6 +84,15 @@ pub fn sf_string(name: &str) -> String {
 /// ASCII replaced by `?` (sf-strings cannot carry it).
 fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
+    // Rule names are almost always plain: copy them whole.
+    if name
+        .bytes()
+        .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+    {
+        out.push_str(name);
+        out.push('"');
+        return;
+    }
     for c in name.chars() {
         match c {
             '"' | '\\' => {
@@ -108,7 +116,10 @@ pub fn policy_item(name: &str, quota: &Quota) -> String {
 fn push_policy_item(out: &mut String, name: &str, quota: &Quota) {
     let (q, w) = quota_window(quota);
     push_sf_string(out, name);
-    let _ = write!(out, ";q={q};w={w}");
+    out.push_str(";q=");
+    push_u64(out, q);
+    out.push_str(";w=");
+    push_u64(out, w);
 }
 
 /// One `RateLimit` item: `"name";r=0;t=12`.
@@ -151,11 +162,12 @@ pub fn append_ratelimit_headers(headers: &mut HeaderMap, reports: &[Report<'_>],
     };
     let policy = join(|out, r| push_policy_item(out, r.name, r.quota));
     let limit = join(|out, r| push_limit_item(out, r.name, r.decision));
-    // Only printable ASCII goes in, so these conversions cannot fail.
-    if let Ok(v) = HeaderValue::from_str(&policy) {
+    // Only printable ASCII goes in, so these conversions cannot fail; they take the strings'
+    // buffers rather than copying them.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(policy)) {
         headers.append(RATELIMIT_POLICY.clone(), v);
     }
-    if let Ok(v) = HeaderValue::from_str(&limit) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(limit)) {
         headers.append(RATELIMIT.clone(), v);
     }
     if legacy {
