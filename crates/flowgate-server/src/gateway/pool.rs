@@ -213,7 +213,20 @@ impl Pool {
     async fn exchange(&self, mut conn: Conn, request: Request<Incoming>) -> Exchanged {
         let answer = conn.sender.try_send_request(request);
         let mut answer = std::pin::pin!(answer);
-        let answered = poll_fn(|cx| conn.poll_with(cx, |cx| answer.as_mut().poll(cx))).await;
+        let mut sent = false;
+        let answered = poll_fn(|cx| {
+            if !std::mem::replace(&mut sent, true) {
+                // The request has just been handed in: nothing can be answered before the
+                // driver has written it, so drive with the task's waker at once (one drive
+                // instead of `poll_with`'s two).
+                return match conn.drive(cx) {
+                    true => answer.as_mut().poll(&mut quiet()),
+                    false => answer.as_mut().poll(cx),
+                };
+            }
+            conn.poll_with(cx, |cx| answer.as_mut().poll(cx))
+        })
+        .await;
         match answered {
             Ok(response) => Exchanged::Answered(response.map(|body| UpstreamBody {
                 body,
@@ -287,10 +300,11 @@ impl Shared {
         }
     }
 
-    /// Returns a connection whose exchange is complete, or closes it if it cannot take
-    /// another request.
+    /// Returns a connection whose response has ended, unless it has ended too. It is not
+    /// driven here: [`Shared::checkout`] does that (and closes it if it turns out unable to
+    /// take a request, say because its request body was still being sent).
     fn checkin(&self, mut conn: Conn) {
-        if !conn.reusable() {
+        if conn.driver.is_none() || conn.sender.is_closed() {
             return;
         }
         conn.idle_since = Instant::now();
