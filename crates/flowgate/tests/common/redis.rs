@@ -262,7 +262,9 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
-    /// The node currently serving `key` as master (by asking `CLUSTER NODES`).
+    /// The node currently serving `key` as master (by asking `CLUSTER NODES`). Right after a
+    /// migration or failover the node asked may not have every update yet, or may suspect a
+    /// busy master (`fail?`); it is asked again, for up to 5 s, until one master serves the slot.
     pub fn master_of(&self, key: &str) -> usize {
         let live = self
             .nodes
@@ -274,39 +276,50 @@ impl RedisCluster {
             .trim()
             .parse()
             .expect("keyslot");
-        let listing = live.cli(&["cluster", "nodes"]);
-        for line in listing.lines() {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
-                continue;
-            }
-            let port: u16 = fields[1]
-                .split(['@', ':'])
-                .nth(1)
-                .and_then(|p| p.parse().ok())
-                .expect("node address");
-            let serves = fields[8..].iter().any(|range| match range.split_once('-') {
-                Some((a, b)) => {
-                    let (a, b): (u16, u16) = (a.parse().unwrap_or(1), b.parse().unwrap_or(0));
-                    (a..=b).contains(&slot)
-                }
-                None => range.parse::<u16>().ok() == Some(slot),
-            });
-            if serves {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let listing = live.cli(&["cluster", "nodes"]);
+            if let Some(port) = master_port_of(&listing, slot) {
                 return self
                     .nodes
                     .iter()
                     .position(|n| n.port == port)
                     .expect("a node of this cluster");
             }
+            if Instant::now() > deadline {
+                panic!("no master serves slot {slot}:\n{listing}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("no master serves slot {slot}");
     }
 
     /// The node ID of node `i`.
     pub fn node_id(&self, i: usize) -> String {
         self.nodes[i].cli(&["cluster", "myid"]).trim().to_owned()
     }
+}
+
+/// The port of the master that serves `slot` in a `CLUSTER NODES` listing: a master not
+/// marked failed (`fail`; a mere suspicion, `fail?`, still serves) whose ranges hold the slot.
+fn master_port_of(listing: &str, slot: u16) -> Option<u16> {
+    listing.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let flags: Vec<&str> = fields.get(2)?.split(',').collect();
+        if fields.len() < 9 || !flags.contains(&"master") || flags.contains(&"fail") {
+            return None;
+        }
+        let serves = fields[8..].iter().any(|range| match range.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u16, u16) = (a.parse().unwrap_or(1), b.parse().unwrap_or(0));
+                (a..=b).contains(&slot)
+            }
+            None => range.parse::<u16>().ok() == Some(slot),
+        });
+        if !serves {
+            return None;
+        }
+        fields[1].split(['@', ':']).nth(1)?.parse().ok()
+    })
 }
 
 /// Whether `port` accepts connections.
