@@ -16,60 +16,82 @@ use http::{StatusCode, Version};
 
 /// `X-Forwarded-For`.
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-/// `Keep-Alive` (RFC 2068), hop-by-hop.
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Removes the hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, every
 /// `Proxy-*` field, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`. A message that came
 /// with `Transfer-Encoding` also loses `Content-Length` (RFC 9112 §6.3: the two together are
 /// a smuggling attempt or an error, and the length is re-framed on the next hop anyway).
+///
+/// One look at the names says which are there, and only those are removed: most messages carry
+/// none, or only `Connection: keep-alive` (every upstream response, in practice).
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none, or only `Connection`: look before doing any work.
-    if !headers.keys().any(is_hop_by_hop) {
-        return;
-    }
-    // Fields named by Connection, collected first (the map cannot change while borrowed).
-    let mut named: Vec<HeaderName> = Vec::new();
-    for value in headers.get_all(CONNECTION) {
-        if let Ok(value) = value.to_str() {
-            named.extend(
-                value
-                    .split(',')
-                    .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-                    .filter(|name| !is_hop_by_hop(name)),
-            );
+    let mut present = [false; HOP_BY_HOP.len()];
+    let mut proxy = false;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        } else if name.as_str().starts_with("proxy-") {
+            proxy = true;
         }
     }
-    for name in named {
-        headers.remove(name);
+    if !proxy && !present.contains(&true) {
+        return;
     }
-    if headers.remove(TRANSFER_ENCODING).is_some() {
+    if present[0] {
+        // Fields named by `Connection` that the message has (the map cannot change while
+        // borrowed, so they are collected first; usually there are none).
+        let mut named: Vec<HeaderName> = Vec::new();
+        for value in headers.get_all(CONNECTION) {
+            let Ok(value) = value.to_str() else {
+                continue;
+            };
+            for token in value.split(',') {
+                let Ok(name) = HeaderName::from_bytes(token.trim().as_bytes()) else {
+                    continue;
+                };
+                if !is_hop_by_hop(&name) && headers.contains_key(&name) {
+                    named.push(name);
+                }
+            }
+        }
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for (name, &there) in HOP_BY_HOP.iter().zip(&present) {
+        if there {
+            headers.remove(name);
+        }
+    }
+    if present[1] {
         headers.remove(CONTENT_LENGTH);
     }
-    for name in [&CONNECTION, &KEEP_ALIVE, &TE, &TRAILER, &UPGRADE] {
-        headers.remove(name);
-    }
-    if headers.keys().any(|k| k.as_str().starts_with("proxy-")) {
-        let proxy: Vec<HeaderName> = headers
+    if proxy {
+        let names: Vec<HeaderName> = headers
             .keys()
             .filter(|k| k.as_str().starts_with("proxy-"))
             .cloned()
             .collect();
-        for name in proxy {
+        for name in names {
             headers.remove(name);
         }
     }
 }
 
+/// The fields that are hop-by-hop whatever `Connection` says (`Proxy-*` aside); `Connection`
+/// first and `Transfer-Encoding` second, as [`remove_hop_by_hop`] relies on.
+static HOP_BY_HOP: [HeaderName; 6] = [
+    CONNECTION,
+    TRANSFER_ENCODING,
+    HeaderName::from_static("keep-alive"), // RFC 2068
+    TE,
+    TRAILER,
+    UPGRADE,
+];
+
 /// Whether `name` is hop-by-hop whatever `Connection` says.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == CONNECTION
-        || name == TRANSFER_ENCODING
-        || name == KEEP_ALIVE
-        || name == TE
-        || name == TRAILER
-        || name == UPGRADE
-        || name.as_str().starts_with("proxy-")
+    HOP_BY_HOP.contains(name) || name.as_str().starts_with("proxy-")
 }
 
 /// Checks the request's `Host` as RFC 9112 §3.2 asks of a server: an HTTP/1.1 request needs
@@ -251,6 +273,25 @@ mod tests {
         let mut h = headers(&[("content-length", "5")]);
         remove_hop_by_hop(&mut h);
         assert_eq!(h["content-length"], "5");
+        // The usual upstream response: only `Connection: keep-alive`.
+        let mut h = headers(&[
+            ("connection", "keep-alive"),
+            ("content-length", "2"),
+            ("server", "nginx"),
+        ]);
+        remove_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "server"]);
+        // `Proxy-*` alone; `Connection` naming a field the message lacks, or nonsense.
+        let mut h = headers(&[
+            ("proxy-foo", "1"),
+            ("connection", "x-absent, bad token"),
+            ("x-kept", "1"),
+        ]);
+        remove_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
     }
 
     #[test]
