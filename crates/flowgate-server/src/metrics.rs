@@ -331,12 +331,7 @@ impl Metrics {
             _ => return,
         };
         if let Some(mode) = decision.and_then(|d| d.fallback) {
-            let mode = match mode {
-                FailMode::Open => "open",
-                FailMode::Closed => "closed",
-                FailMode::Local => "local",
-            };
-            self.fallbacks.get_or_create(&ModeLabel { mode }).inc();
+            self.fallback_decision(mode);
         }
         let owned;
         let counters = match verdict.applied {

@@ -124,20 +124,21 @@ descriptors:
     value: b
     rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}
 CONF
-RUST_LOG=warn taskset -c "$CORE_PROXY" "$FLOWGATE" serve --config "$OUT/flowgate.yaml" \
-  --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
-  --gateway "127.0.0.1:$FLOWGATE_PORT" --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
-  2> "$OUT/flowgate.log" &
-FLOWGATE_PID=$!
-pids+=("$FLOWGATE_PID")
+# start_gateway BINARY PORT LOG: a flowgate gateway on the proxy's core; its pid in $started.
+start_gateway() {
+  RUST_LOG=warn taskset -c "$CORE_PROXY" "$1" serve --config "$OUT/flowgate.yaml" \
+    --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
+    --gateway "127.0.0.1:$2" --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
+    2> "$OUT/$3" &
+  started=$!
+  pids+=("$started")
+}
+start_gateway "$FLOWGATE" "$FLOWGATE_PORT" flowgate.log
+FLOWGATE_PID=$started
 ports=("$UPSTREAM_PORT" "$NGINX_PORT" "$FLOWGATE_PORT")
 if [ -n "$BASELINE" ]; then
-  RUST_LOG=warn taskset -c "$CORE_PROXY" "$BASELINE" serve --config "$OUT/flowgate.yaml" \
-    --http 127.0.0.1:0 --grpc 127.0.0.1:0 \
-    --gateway "127.0.0.1:$BASELINE_PORT" --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
-    2> "$OUT/baseline.log" &
-  BASELINE_PID=$!
-  pids+=("$BASELINE_PID")
+  start_gateway "$BASELINE" "$BASELINE_PORT" baseline.log
+  BASELINE_PID=$started
   ports+=("$BASELINE_PORT")
 fi
 

@@ -219,11 +219,7 @@ pub const FALLBACK_HEADER: &str = "Flowgate-Fallback";
 /// The failure mode that decided some descriptor of `verdict`, if any did.
 pub fn fallback_mode(verdict: &Verdict<'_>) -> Option<&'static str> {
     verdict.descriptors.iter().find_map(|d| match &d.status {
-        Status::Checked(decision) => decision.fallback.map(|mode| match mode {
-            FailMode::Open => "open",
-            FailMode::Closed => "closed",
-            FailMode::Local => "local",
-        }),
+        Status::Checked(decision) => decision.fallback.map(FailMode::name),
         _ => None,
     })
 }

@@ -39,7 +39,7 @@ use flowgate::http::headers::{
 };
 use flowgate::http::key::{self, KeyExtractor, KeyRejection, PeerAddr};
 use flowgate::http::problem::Problem;
-use flowgate::policy::descriptor::{Applied, Descriptor, Entry, Status, Verdict};
+use flowgate::policy::descriptor::{Descriptor, Entry, Status, Verdict};
 use flowgate::policy::rules::Rate;
 use flowgate::store::StoreError;
 use http::request::Parts;
@@ -219,11 +219,7 @@ impl Gateway {
             if d.allows() {
                 continue; // shadow mode
             }
-            let mode = match d.applied {
-                Some(Applied::Rule(rule)) => rule.fail,
-                _ => None,
-            };
-            if mode == Some(FailMode::Open) {
+            if d.applied.and_then(|a| a.fail()) == Some(FailMode::Open) {
                 fallback_open = true;
             } else {
                 self.service.metrics().fallback_decision(FailMode::Closed);

@@ -56,7 +56,7 @@ pub(crate) enum SendError {
 }
 
 /// Connections to one upstream.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Pool {
     /// What the pool's handles share.
     shared: Arc<Shared>,

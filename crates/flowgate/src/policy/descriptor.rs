@@ -533,7 +533,7 @@ impl<'r> Pending<'r> {
     }
 }
 
-/// The counter key of descriptor `i`, appended to `key`.
+/// The counter key of `descriptor` as `v` counts it, appended to `key`.
 fn write_counter_key(
     key: &mut String,
     domain: &str,
