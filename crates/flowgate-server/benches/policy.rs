@@ -14,9 +14,9 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use flowgate::policy::descriptor::{Descriptor, Entry, check};
-use flowgate::policy::rules::{DomainSpec, LimitSpec, Rate, RuleSet, RuleSpec};
-use flowgate::store::MemoryStore;
+use flowgate::envoy::{Descriptor, Entry, check};
+use flowgate::envoy::{DomainSpec, LimitSpec, Rate, RuleSet, RuleSpec};
+use flowgate::store::{Ask, MemoryStore, Store};
 use flowgate::{Algorithm, Quota};
 
 /// Distinct values: `FLOWGATE_BENCH_KEYS`, default 10,000.
@@ -55,10 +55,7 @@ fn indices() -> Vec<usize> {
 }
 
 fn flowgate(c: &mut Criterion, algorithm: Algorithm) {
-    let quota = Quota::per_minute(LIMIT)
-        .unwrap()
-        .with_algorithm(algorithm)
-        .unwrap();
+    let quota = Quota::per_minute(LIMIT).with_algorithm(algorithm).unwrap();
     let rules = RuleSet::build(vec![DomainSpec::new(
         "bench",
         vec![RuleSpec::new("user").with_limit(LimitSpec::new(Rate::Limited(quota)))],
@@ -89,13 +86,12 @@ fn flowgate(c: &mut Criterion, algorithm: Algorithm) {
 /// is the difference to `policy/flowgate/fixed_window`.
 fn store_only(c: &mut Criterion) {
     let quota = Quota::per_minute(LIMIT)
-        .unwrap()
         .with_algorithm(Algorithm::FixedWindow)
         .unwrap();
     let store = MemoryStore::new();
     let keys: Vec<String> = (0..keys())
         .map(|i| {
-            flowgate::policy::descriptor::counter_key(
+            flowgate::envoy::counter_key(
                 "bench",
                 &[Entry::new("user", format!("user-{i}"))],
                 &quota,
@@ -109,7 +105,8 @@ fn store_only(c: &mut Criterion) {
             next = (next + 1) & (order.len() - 1);
             black_box(
                 store
-                    .acquire_now(&keys[order[next]], &quota, 1)
+                    .check_now(Ask::new(&keys[order[next]], &quota))
+                    .expect("in memory")
                     .unwrap()
                     .allowed,
             )

@@ -24,8 +24,8 @@
 //! forwarded responses) and `flowgate_gateway_upstream_idle_connections`.
 
 use flowgate::FailMode;
-use flowgate::policy::descriptor::{Applied, DescriptorVerdict, Status};
-use flowgate::policy::rules::Rule;
+use flowgate::envoy::Rule;
+use flowgate::envoy::{AppliedLimit, DescriptorVerdict, Status};
 use flowgate::store::{FallbackStats, StoreError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -278,7 +278,7 @@ impl Metrics {
     }
 
     /// Counts a decision that a failure mode took because the store could not be asked.
-    pub fn fallback_decision(&self, mode: FailMode) {
+    fn fallback_decision(&self, mode: FailMode) {
         self.fallbacks
             .get_or_create(&ModeLabel { mode: mode.name() })
             .inc();
@@ -335,18 +335,20 @@ impl Metrics {
         }
         let owned;
         let counters = match verdict.applied {
-            Some(Applied::Rule(rule)) if !rule.detailed_metric => match counters.get(rule.id) {
-                Some(c) => c,
-                None => return,
-            },
-            Some(Applied::Rule(rule)) => {
+            Some(AppliedLimit::Rule(rule)) if !rule.detailed_metric => {
+                match counters.get(rule.id) {
+                    Some(c) => c,
+                    None => return,
+                }
+            }
+            Some(AppliedLimit::Rule(rule)) => {
                 owned = self.counters(RuleLabels {
                     domain: rule.domain.clone(),
                     rule: detail(),
                 });
                 &owned
             }
-            Some(Applied::Override(..)) => {
+            Some(AppliedLimit::Override(..)) => {
                 owned = self.counters(RuleLabels {
                     domain: domain.to_owned(),
                     rule: "_override".to_owned(),
@@ -360,8 +362,9 @@ impl Metrics {
         match decision {
             Some(d) if d.allowed => {
                 counters.within_limit.inc_by(hits);
-                let used = d.limit.saturating_sub(d.remaining);
-                if d.limit > 0 && used.saturating_mul(10) >= d.limit.saturating_mul(8) {
+                // Near: 80 % or more of the capacity is used.
+                let used = d.burst.saturating_sub(d.remaining);
+                if d.burst > 0 && used.saturating_mul(10) >= d.burst.saturating_mul(8) {
                     counters.near_limit.inc_by(hits);
                 }
             }

@@ -93,11 +93,8 @@ pub async fn run(
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
         )),
     };
-    let mut service = Service::new(config.policy, config.backend);
-    if config.noop {
-        service = service.into_noop();
-    }
-    let service = Arc::new(service);
+    let noop = config.noop;
+    let service = Arc::new(Service::new(config.policy, config.backend));
     let (stop, stopped) = watch::channel(false);
     let signal = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -109,7 +106,11 @@ pub async fn run(
         tasks.spawn(reload_task(config.files, target, signal(stopped.clone())));
     }
     if let Some(listener) = listeners.http {
-        let router = api::http::router(service.clone());
+        let router = if noop {
+            api::noop::router()
+        } else {
+            api::http::router(service.clone())
+        };
         let shutdown = signal(stopped.clone());
         tasks.spawn(async move {
             axum::serve(listener, router)
@@ -119,10 +120,14 @@ pub async fn run(
     }
     if let Some(listener) = listeners.grpc {
         let shutdown = signal(stopped.clone());
-        let rls = api::grpc::Rls::server(service.clone());
+        let mut grpc = tonic::transport::Server::builder();
+        let router = if noop {
+            grpc.add_service(api::noop::NoopRls::server())
+        } else {
+            grpc.add_service(api::grpc::Rls::server(service.clone()))
+        };
         tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(rls)
+            router
                 .serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                     shutdown,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::TestServer;
-use flowgate_server::backend::Backend;
+use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::config::{Policy, Source};
 use flowgate_server::server::ServerConfig;
 use http_body_util::combinators::BoxBody;
@@ -893,11 +893,9 @@ fn only_one_file_may_have_a_gateway_section() {
 struct DownStore;
 
 impl flowgate::store::Store for DownStore {
-    async fn acquire(
+    async fn check(
         &self,
-        _key: &str,
-        _quota: &flowgate::Quota,
-        _cost: u64,
+        _ask: flowgate::store::Ask<'_>,
     ) -> Result<flowgate::Decision, flowgate::store::StoreError> {
         Err(flowgate::store::StoreError::Unavailable(
             "test store is down".into(),
@@ -945,7 +943,13 @@ descriptors:
     let path = dir.path().join("edge.yaml");
     std::fs::write(&path, yaml).unwrap();
     let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
-    config.backend = Backend::local(Arc::new(DownStore));
+    // The fail modes are applied by the fallback store around a shared store; rules that name
+    // none fail closed here.
+    let options = SharedOptions {
+        fail: flowgate::FailMode::Closed,
+        instances: 1,
+    };
+    config.backend = Backend::shared(Arc::new(DownStore), options);
     config.upstream = Some(upstream.url().parse().unwrap());
     let server = TestServer::start_with(config, dir, vec![path]).await;
 
@@ -957,6 +961,8 @@ descriptors:
         assert_eq!(closed.status, 503, "{tier}");
         assert_eq!(closed.header("content-type"), "application/problem+json");
         assert_eq!(closed.header("cache-control"), "no-store");
+        assert_eq!(closed.header("flowgate-fallback"), "closed");
+        assert!(closed.header("retry-after").parse::<u64>().unwrap() >= 1);
     }
     assert_eq!(upstream.seen().len(), 1);
     assert_eq!(

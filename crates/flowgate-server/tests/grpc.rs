@@ -204,11 +204,11 @@ async fn unlimited_blocklist_shadow_and_replaces() {
             .map(|h| h.value.clone())
     };
     assert_eq!(
-        header("RateLimit-Policy").as_deref(),
+        header("ratelimit-policy").as_deref(),
         Some("\"banned\";q=0;w=1")
     );
-    assert_eq!(header("RateLimit").as_deref(), Some("\"banned\";r=0;t=1"));
-    assert_eq!(header("Retry-After").as_deref(), Some("1"));
+    assert_eq!(header("ratelimit").as_deref(), Some("\"banned\";r=0;t=1"));
+    assert_eq!(header("retry-after").as_deref(), Some("1"));
     // Shadow mode: over the limit on the second call, but OK.
     for _ in 0..3 {
         let r = should(
@@ -312,12 +312,12 @@ async fn one_status_per_descriptor_ietf_headers_and_denials_consume_nothing() {
         .iter()
         .map(|h| (h.key.clone(), h.value.clone()))
         .collect();
-    assert_eq!(headers[0].0, "RateLimit-Policy");
+    assert_eq!(headers[0].0, "ratelimit-policy");
     assert_eq!(
         headers[0].1,
         "\"tenant\";q=100;w=3600, \"remote_address_10.0.0.9\";q=1;w=60"
     );
-    assert_eq!(headers[1].0, "RateLimit");
+    assert_eq!(headers[1].0, "ratelimit");
     assert!(
         headers[1].1.starts_with("\"tenant\";r=99;t="),
         "{headers:?}"
@@ -330,7 +330,7 @@ async fn one_status_per_descriptor_ietf_headers_and_denials_consume_nothing() {
     let retry = r
         .response_headers_to_add
         .iter()
-        .find(|h| h.key == "Retry-After")
+        .find(|h| h.key == "retry-after")
         .unwrap();
     let secs: u64 = retry.value.parse().unwrap();
     assert!((1..=60).contains(&secs));

@@ -48,7 +48,7 @@ async fn json_endpoint_speaks_rls_proto_json_with_200_and_429() {
             .unwrap()
             .ends_with('s')
     );
-    assert_eq!(json["responseHeadersToAdd"][0]["key"], "RateLimit-Policy");
+    assert_eq!(json["responseHeadersToAdd"][0]["key"], "ratelimit-policy");
     // snake_case field names are accepted too.
     let snake = r#"{"domain":"api","hits_addend":1,"descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
     assert_eq!(server.post("/json", snake).await.status, 200);

@@ -177,9 +177,10 @@ async fn redis_outage_follows_each_rules_fail_mode_and_recovers() {
         assert_eq!(open.header("flowgate-fallback"), Some("open"));
         assert_eq!(open.json()["descriptors"][0]["fallback"], "open");
     }
-    // fail: closed denies, marked, with a Retry-After.
+    // fail: closed denies — 503 (the store, not the client, is at fault) — marked, with a
+    // Retry-After.
     let closed = server.post("/v1/check", &check("closed")).await;
-    assert_eq!(closed.status, 429, "{}", closed.body);
+    assert_eq!(closed.status, 503, "{}", closed.body);
     assert_eq!(closed.header("flowgate-fallback"), Some("closed"));
     assert!(closed.header("retry-after").is_some());
     // fail: local grants this instance's share: 5 / 2 instances = 2.
@@ -202,7 +203,7 @@ async fn redis_outage_follows_each_rules_fail_mode_and_recovers() {
         response
             .response_headers_to_add
             .iter()
-            .any(|h| h.key == "Flowgate-Fallback" && h.value == "open"),
+            .any(|h| h.key == "flowgate-fallback" && h.value == "open"),
         "{response:?}"
     );
 
@@ -353,9 +354,9 @@ async fn the_gateway_on_redis_follows_each_rules_fail_mode_while_redis_is_away()
         local.push(status);
     }
     assert_eq!(local, [200, 200, 429]);
-    // fail: closed — refused without reaching the upstream.
+    // fail: closed — refused (503: the store is away) without reaching the upstream.
     let (status, mark) = through_gateway(gateway, "closed").await;
-    assert_eq!((status, mark.as_deref()), (429, Some("closed")));
+    assert_eq!((status, mark.as_deref()), (503, Some("closed")));
     server.stop().await;
 }
 

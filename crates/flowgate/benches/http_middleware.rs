@@ -17,7 +17,7 @@ use axum::routing::get;
 use criterion::{Criterion, criterion_group, criterion_main};
 use flowgate::Quota;
 use flowgate::http::key::PeerIp;
-use flowgate::http::{Limit, Policy, RateLimitLayer};
+use flowgate::http::{Limit, Limits, RateLimitLayer};
 use flowgate::store::MemoryStore;
 use http::Request;
 use tower::ServiceExt;
@@ -29,7 +29,7 @@ fn bare() -> Router {
 }
 
 fn flowgate_app(quota: Quota) -> Router {
-    let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
+    let policy = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
     bare().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap())
 }
 
@@ -100,7 +100,7 @@ fn middleware(c: &mut Criterion) {
 
     // Denied: one request per hour, so every measured request gets a 429.
     let mut denied = c.benchmark_group("http_middleware/denied");
-    let flowgate = flowgate_app(Quota::per_hour(1).unwrap());
+    let flowgate = flowgate_app(Quota::per_hour(1));
     let governor = governor_app(Duration::from_secs(3600), 1, true);
     run(&rt, &flowgate, 1, 200);
     run(&rt, &governor, 1, 200);

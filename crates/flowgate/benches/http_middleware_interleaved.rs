@@ -20,7 +20,7 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use flowgate::Quota;
 use flowgate::http::key::PeerIp;
-use flowgate::http::{Limit, Policy, RateLimitLayer};
+use flowgate::http::{Limit, Limits, RateLimitLayer};
 use flowgate::store::MemoryStore;
 use http::Request;
 use tower::ServiceExt;
@@ -38,7 +38,7 @@ fn variants() -> Vec<(&'static str, Router, u16)> {
         .unwrap()
         .with_burst(1 << 40)
         .unwrap();
-    let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), roomy));
+    let policy = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), roomy));
     let flowgate = bare().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
     let governor_headers = GovernorConfigBuilder::default()
         .period(Duration::from_nanos(1))
@@ -54,11 +54,7 @@ fn variants() -> Vec<(&'static str, Router, u16)> {
         .unwrap();
     let governor = bare().layer(GovernorLayer::new(governor));
     // Every request after the first is refused: one per hour.
-    let policy = Policy::new().limit(Limit::new(
-        "per-ip",
-        PeerIp::new(),
-        Quota::per_hour(1).unwrap(),
-    ));
+    let policy = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), Quota::per_hour(1)));
     let flowgate_denied = bare().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
     let governor_denied = GovernorConfigBuilder::default()
         .period(Duration::from_secs(3600))

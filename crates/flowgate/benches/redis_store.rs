@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowgate::store::{RedisStore, Store};
+use flowgate::store::{Ask, RedisStore, Store};
 use flowgate::{Algorithm, Quota};
 
 const CALLERS: usize = 64;
@@ -94,10 +94,10 @@ impl Server {
             .expect("redis-server on PATH");
         let server = Server { child, port };
         for _ in 0..500 {
-            if let Ok(mut c) = redis::Client::open(server.url()).and_then(|c| c.get_connection()) {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return server;
-                }
+            if let Ok(mut c) = redis::Client::open(server.url()).and_then(|c| c.get_connection())
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return server;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -339,18 +339,14 @@ fn main() {
         )];
         for algorithm in Algorithm::ALL {
             let quota = Quota::per_second(1000)
-                .unwrap()
                 .with_algorithm(algorithm)
                 .unwrap();
             let store = store.clone();
             let decide: Decide = Arc::new(move |k| {
                 let store = store.clone();
                 Box::pin(async move {
-                    store
-                        .acquire(&format!("k:{k}"), &quota, 1)
-                        .await
-                        .unwrap()
-                        .allowed
+                    let key = format!("k:{k}");
+                    store.check(Ask::new(&key, &quota)).await.unwrap().allowed
                 })
             });
             let label = match algorithm {

@@ -16,7 +16,7 @@ use axum::Router;
 use axum::routing::get;
 use flowgate::Quota;
 use flowgate::http::key::PeerIp;
-use flowgate::http::{Limit, Policy, RateLimitLayer};
+use flowgate::http::{Limit, Limits, RateLimitLayer};
 use flowgate::store::MemoryStore;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -34,7 +34,7 @@ async fn main() {
                 .unwrap()
                 .with_burst(1 << 40)
                 .unwrap();
-            let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
+            let policy = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
             app.layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap())
         }
         "governor" => {

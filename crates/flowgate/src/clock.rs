@@ -15,7 +15,7 @@
 //! denied but would be allowed within `max_lag`; because every algorithm admits less when time
 //! runs behind, a lagging reading can never admit more than the quota.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -75,12 +75,16 @@ struct Anchor {
     raw_origin: u64,
     /// Unix time, in nanoseconds, when the anchor was taken.
     unix_origin: Nanos,
-    /// The latest precise reading, refreshed every [`TICK`]; what `recent()` returns.
+    /// The latest precise reading, refreshed every [`TICK`] by the refresh thread; what
+    /// `recent()` returns. 0 until the thread's first reading.
     recent: AtomicU64,
 }
 
 /// The anchor, set once on first use.
 static ANCHOR: OnceLock<Anchor> = OnceLock::new();
+
+/// Whether the refresh thread has been started (or its start attempted).
+static REFRESH_STARTED: AtomicBool = AtomicBool::new(false);
 
 impl Anchor {
     #[inline(always)]
@@ -98,29 +102,40 @@ impl Anchor {
             let unix_origin = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as Nanos);
-            let anchor = Anchor {
+            Anchor {
                 raw_origin: clock.raw(),
                 clock,
                 unix_origin,
-                recent: AtomicU64::new(unix_origin),
-            };
-            // The refresh thread only holds a `'static` reference; it lives as long as the
-            // process, like the anchor. If it cannot be spawned, `recent()` would never move, so
-            // fall back to precise readings by refusing to start (see `MonotonicClock::new`).
+                recent: AtomicU64::new(0),
+            }
+        })
+    }
+
+    /// `recent()` before the refresh thread's first reading: starts the thread (once), and
+    /// answers with a precise reading that it also stores as the first `recent` value, so the
+    /// readings that follow never fall behind it. If the thread cannot be started, `recent`
+    /// goes back to 0 and every reading stays precise.
+    #[cold]
+    #[inline(never)]
+    fn recent_before_refresh(&'static self) -> Nanos {
+        let now = self.precise();
+        if !REFRESH_STARTED.load(Ordering::Relaxed) && !REFRESH_STARTED.swap(true, Ordering::AcqRel)
+        {
+            self.recent.fetch_max(now, Ordering::Relaxed);
+            // The thread holds only a `'static` reference and lives as long as the process.
             let spawned = std::thread::Builder::new()
                 .name("flowgate-clock".into())
-                .spawn(|| {
-                    let anchor = Anchor::get();
+                .spawn(move || {
                     loop {
                         std::thread::sleep(TICK);
-                        anchor.recent.fetch_max(anchor.precise(), Ordering::Relaxed);
+                        self.recent.fetch_max(self.precise(), Ordering::Relaxed);
                     }
                 });
             if spawned.is_err() {
-                anchor.recent.store(0, Ordering::Relaxed);
+                self.recent.store(0, Ordering::Relaxed);
             }
-            anchor
-        })
+        }
+        now
     }
 
     #[inline]
@@ -131,8 +146,13 @@ impl Anchor {
 }
 
 /// The default clock: monotonic, anchored to Unix time when first used, with a cheap
-/// [`recent`](Clock::recent) reading refreshed every millisecond by one background thread
-/// (`flowgate-clock`, shared by the whole process).
+/// [`recent`](Clock::recent) reading refreshed every millisecond by one background thread.
+///
+/// **The thread**: the first `recent()` reading in the process (a limiter's or the memory
+/// store's first check) starts one thread, `flowgate-clock`, shared by every clock and limiter,
+/// which wakes every millisecond to refresh the reading for the rest of the process. Creating
+/// a `MonotonicClock` starts nothing, and `now()` never needs the thread. To have no thread at
+/// all, give limiters a [`PreciseClock`] (each check then reads the time-stamp counter, ~13 ns).
 ///
 /// ```
 /// use flowgate::clock::{Clock, MonotonicClock};
@@ -147,7 +167,8 @@ pub struct MonotonicClock {
 }
 
 impl MonotonicClock {
-    /// Returns the process-wide monotonic clock, starting its refresh thread on first use.
+    /// Returns the process-wide monotonic clock (anchoring it to Unix time on first use; the
+    /// refresh thread starts with the first `recent()` reading).
     pub fn new() -> Self {
         Anchor::get();
         MonotonicClock { _private: () }
@@ -170,8 +191,8 @@ impl Clock for MonotonicClock {
     fn recent(&self) -> Nanos {
         let anchor = Anchor::get();
         match anchor.recent.load(Ordering::Relaxed) {
-            // The refresh thread could not be started: every reading is precise.
-            0 => anchor.precise(),
+            // The refresh thread has not read the clock yet, or could not be started.
+            0 => anchor.recent_before_refresh(),
             recent => recent,
         }
     }

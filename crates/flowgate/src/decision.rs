@@ -3,28 +3,38 @@
 use std::time::Duration;
 
 use crate::clock::Nanos;
+use crate::quota::Quota;
 
 /// The outcome of asking a limit for `cost` units.
 ///
 /// A denial is a value, not an error: `allowed` is `false` and `retry_after` says how long until
 /// the same cost would be allowed (if nothing else takes units meanwhile).
 ///
+/// `remaining` counts down from [`burst`](Self::burst) (the quota's capacity), which may be
+/// larger than [`limit`](Self::limit) (units per period): a token bucket of 100 per second with
+/// bursts of 200 starts at `remaining: 199` after one request.
+///
 /// ```
-/// use flowgate::{local::RateLimiter, Quota};
-/// let limiter = RateLimiter::new(Quota::per_second(2)?);
+/// use flowgate::{Quota, RateLimiter};
+/// let limiter = RateLimiter::new(Quota::per_second(2));
 /// assert!(limiter.check().allowed);
 /// let second = limiter.check();
-/// assert_eq!((second.allowed, second.remaining), (true, 0));
+/// assert_eq!((second.allowed, second.remaining, second.burst), (true, 0, 2));
 /// let third = limiter.check();
 /// assert!(!third.allowed && third.retry_after > std::time::Duration::ZERO);
-/// # Ok::<(), flowgate::QuotaError>(())
 /// ```
+#[must_use = "a decision says whether the request may go through"]
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
     /// Whether the units were granted.
     pub allowed: bool,
-    /// The quota's limit (units per period), for `RateLimit-Policy`'s `q`.
+    /// The quota's limit (units per period), for `RateLimit-Policy`'s `q`. 0 for a limit that
+    /// denies everything (a blocklist).
     pub limit: u64,
+    /// The quota's capacity: the most units that can be taken at once, and so the most
+    /// `remaining` can ever be. Equals `limit` for the window algorithms.
+    pub burst: u64,
     /// Whole units that could still be taken right now, after this call.
     pub remaining: u64,
     /// Time until the limit is fully replenished (bucket full, window over, log empty); zero
@@ -37,12 +47,13 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// A granted request.
+    /// A granted request under `quota`.
     #[inline]
-    pub(crate) fn allow(limit: u64, remaining: u64, reset_after: Nanos) -> Self {
+    pub(crate) fn allow(quota: &Quota, remaining: u64, reset_after: Nanos) -> Self {
         Decision {
             allowed: true,
-            limit,
+            limit: quota.limit(),
+            burst: quota.burst(),
             remaining,
             reset_after: Duration::from_nanos(reset_after),
             retry_after: Duration::ZERO,
@@ -50,17 +61,44 @@ impl Decision {
         }
     }
 
-    /// A denied request. `retry_after` is never zero: a denial always has something to wait for.
+    /// A denied request under `quota`. `retry_after` is never zero: a denial always has
+    /// something to wait for.
     #[inline]
-    pub(crate) fn deny(limit: u64, remaining: u64, reset_after: Nanos, retry_after: Nanos) -> Self {
+    pub(crate) fn deny(
+        quota: &Quota,
+        remaining: u64,
+        reset_after: Nanos,
+        retry_after: Nanos,
+    ) -> Self {
         Decision {
             allowed: false,
-            limit,
+            limit: quota.limit(),
+            burst: quota.burst(),
             remaining,
             reset_after: Duration::from_nanos(reset_after),
             retry_after: Duration::from_nanos(retry_after.max(1)),
             fallback: None,
         }
+    }
+
+    /// A denial for a limit that allows nothing (`requests_per_unit: 0`, a blocklist): nothing
+    /// is left, and the request may try again after `period`.
+    pub fn blocked(period: Duration) -> Self {
+        Decision {
+            allowed: false,
+            limit: 0,
+            burst: 0,
+            remaining: 0,
+            reset_after: period,
+            retry_after: period.max(Duration::from_nanos(1)),
+            fallback: None,
+        }
+    }
+
+    /// A decision taken by a [`FailMode`] instead of the store, marked as such.
+    pub(crate) fn with_fallback(mut self, mode: FailMode) -> Self {
+        self.fallback = Some(mode);
+        self
     }
 
     /// [`retry_after`](Self::retry_after) in whole seconds rounded up, as `Retry-After` wants:
@@ -79,15 +117,15 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// A denial from a limiter's lean fast path (`try_acquire`): only how long to wait.
+/// A denial from a limiter's leanest check ([`try_check`](crate::RateLimiter::try_check)):
+/// only how long to wait, like governor's `NotUntil`.
 ///
 /// ```
-/// use flowgate::{local::RateLimiter, Quota};
-/// let limiter = RateLimiter::new(Quota::per_hour(1)?);
-/// assert!(limiter.try_acquire().is_ok());
-/// let denied = limiter.try_acquire().unwrap_err();
+/// use flowgate::{Quota, RateLimiter};
+/// let limiter = RateLimiter::new(Quota::per_hour(1));
+/// assert!(limiter.try_check().is_ok());
+/// let denied = limiter.try_check().unwrap_err();
 /// assert!(denied.retry_after > std::time::Duration::from_secs(3500));
-/// # Ok::<(), flowgate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("rate limited: retry after {retry_after:?}")]
@@ -106,7 +144,11 @@ impl Denied {
 }
 
 /// What to do when the shared store cannot be reached (timeout, connection refused, open
-/// circuit breaker).
+/// circuit breaker). Applied by [`FallbackStore`](crate::store::FallbackStore), per request
+/// ([`Ask::fail`](crate::store::Ask::fail)) or by the store's default.
+///
+/// The default is [`Open`](FailMode::Open) everywhere (the fallback store, the service's
+/// `--fail`): a rate limiter that is down should not take the service it protects down with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailMode {
     /// Allow the request: availability over enforcement.
@@ -150,15 +192,18 @@ mod tests {
 
     #[test]
     fn retry_after_seconds_round_up_and_are_never_zero_when_denied() {
-        let d = Decision::deny(1, 0, 0, 1);
+        let q = Quota::per_second(1);
+        let d = Decision::deny(&q, 0, 0, 1);
         assert_eq!(d.retry_after_secs(), 1);
-        let d = Decision::deny(1, 0, 0, 0);
+        let d = Decision::deny(&q, 0, 0, 0);
         assert_eq!(d.retry_after, Duration::from_nanos(1));
         assert_eq!(d.retry_after_secs(), 1);
-        let d = Decision::deny(1, 0, 0, 2_000_000_000);
+        let d = Decision::deny(&q, 0, 0, 2_000_000_000);
         assert_eq!(d.retry_after_secs(), 2);
-        let d = Decision::deny(1, 0, 0, 2_000_000_001);
+        let d = Decision::deny(&q, 0, 0, 2_000_000_001);
         assert_eq!(d.retry_after_secs(), 3);
-        assert_eq!(Decision::allow(1, 0, 5).retry_after_secs(), 0);
+        assert_eq!(Decision::allow(&q, 0, 5).retry_after_secs(), 0);
+        let blocked = Decision::blocked(Duration::from_secs(60));
+        assert_eq!((blocked.limit, blocked.retry_after_secs()), (0, 60));
     }
 }

@@ -5,38 +5,56 @@
 //! * **Algorithms** ([`algorithm`]): GCRA (token bucket), leaky bucket, fixed window,
 //!   sliding-window counter and sliding log — each a compact state and one pure transition over
 //!   an injected [`clock`].
-//! * **In-process limiters** ([`local`]): [`RateLimiter`](local::RateLimiter) for one limit and
-//!   [`KeyedRateLimiter`](local::KeyedRateLimiter) for millions of keys in bounded memory;
-//!   lock-free, no allocation per check; waiting and shaping with the `tokio` feature.
+//! * **In-process limiters** ([`local`]): [`RateLimiter`] for one limit and
+//!   [`KeyedRateLimiter`] for millions of keys in bounded memory; lock-free, no allocation per
+//!   check; waiting, reservations and shaping with the `tokio` feature.
 //! * **Stores** ([`store`]): the [`Store`](store::Store) trait for limits shared across tasks
-//!   and machines, with an embedded [`MemoryStore`](store::MemoryStore).
+//!   and machines, with an embedded [`MemoryStore`](store::MemoryStore), Redis (feature
+//!   `redis`) and the [`FallbackStore`](store::FallbackStore) that applies fail modes.
+//! * **Several limits per request** ([`limits`]): all must allow; nothing is consumed when one
+//!   denies.
+//! * **Envoy's rate-limit model** (`envoy`, feature `envoy`): envoyproxy/ratelimit's domains,
+//!   descriptors and rule trees.
 //! * **HTTP** (`http`, feature `tower`): a tower rate-limit layer for axum, hyper and tonic
 //!   with the IETF `RateLimit` headers and problem+json refusals, key extractors that find the
 //!   client behind trusted proxies, and an outbound layer that paces a client's own calls.
 //!
+//! The verbs are the same everywhere: `check` asks for units and takes them if granted
+//! (answering a [`Decision`]), `try_check` is the leanest check, `peek` takes nothing,
+//! `until_ready` waits, `reserve` takes ahead of time, `refund` gives back, `reset` forgets.
+//!
 //! ```
-//! use flowgate::{local::KeyedRateLimiter, Algorithm, Quota};
+//! use flowgate::{Algorithm, KeyedRateLimiter, Quota};
 //!
 //! // 100 requests per minute per client, as an exact sliding log.
-//! let quota = Quota::per_minute(100)?.with_algorithm(Algorithm::SlidingLog)?;
+//! let quota = Quota::per_minute(100).with_algorithm(Algorithm::SlidingLog)?;
 //! let limiter = KeyedRateLimiter::<String>::new(quota);
 //! let decision = limiter.check_key("client-7");
 //! assert!(decision.allowed);
 //! assert_eq!(decision.remaining, 99);
 //! # Ok::<(), flowgate::QuotaError>(())
 //! ```
+//!
+//! ## Defaults
+//!
+//! One default per concept: [`Algorithm::default`] is GCRA (in the library and the service);
+//! [`FailMode::default`] is open; [`DEFAULT_MAX_KEYS`] (2²⁰) bounds a keyed limiter and each
+//! algorithm's map in the memory store; the clock is [`MonotonicClock`](clock::MonotonicClock).
 #![deny(missing_docs)]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
+#[cfg(feature = "envoy")]
+pub mod envoy;
 #[cfg(feature = "tower")]
 pub mod http;
+pub mod limits;
 pub mod local;
-pub mod policy;
 pub mod quota;
 pub mod store;
 
 pub use decision::{Decision, Denied, FailMode};
+pub use local::{DEFAULT_MAX_KEYS, KeyedRateLimiter, RateLimiter};
 pub use quota::{Algorithm, InsufficientCapacity, Quota, QuotaError};

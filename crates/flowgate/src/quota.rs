@@ -4,7 +4,17 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::clock::{Nanos, nanos};
+use crate::clock::Nanos;
+
+/// `d` in nanoseconds, saturating (a `const` form of [`crate::clock::nanos`]).
+const fn duration_nanos(d: Duration) -> Nanos {
+    let n = d.as_nanos();
+    if n > Nanos::MAX as u128 {
+        Nanos::MAX
+    } else {
+        n as Nanos
+    }
+}
 
 /// The largest span of time a quota may cover (its period, or `burst × interval`): 2^61 ns,
 /// about 73 years. Keeping spans this small leaves the top bits of a time stamp free, so sums
@@ -153,7 +163,7 @@ pub enum QuotaError {
 /// assert_eq!(quota.limit(), 100);
 ///
 /// // 10 per second with bursts of 20, token bucket:
-/// let quota = Quota::per_second(10)?.with_burst(20)?;
+/// let quota = Quota::per_second(10).with_burst(20)?;
 /// assert_eq!(quota.emission_interval(), Duration::from_millis(100));
 ///
 /// // Nonsense is rejected with a reason:
@@ -181,24 +191,55 @@ pub struct Quota {
 }
 
 impl Quota {
-    /// `limit` units per `period`, burst `limit`, algorithm [`Algorithm::Gcra`].
-    pub fn new(limit: u64, period: Duration) -> Result<Self, QuotaError> {
-        Self::build(limit, nanos(period), limit, Algorithm::Gcra)
+    /// `limit` units per `period`, burst `limit`, algorithm [`Algorithm::Gcra`]. Fails for a
+    /// zero limit or period, more than one unit per nanosecond, or a period over 73 years.
+    pub const fn new(limit: u64, period: Duration) -> Result<Self, QuotaError> {
+        Self::build(limit, duration_nanos(period), limit, Algorithm::Gcra)
     }
 
-    /// `limit` per second.
-    pub fn per_second(limit: u64) -> Result<Self, QuotaError> {
-        Self::new(limit, Duration::from_secs(1))
+    /// `limit` per second (burst `limit`, GCRA).
+    ///
+    /// The common quotas are built without a `Result`, as governor's are: the only invalid
+    /// inputs are a limit of 0 and more than 10⁹ per second, which panic with a message — at
+    /// compile time when used in a `const`:
+    ///
+    /// ```
+    /// use flowgate::Quota;
+    /// const PER_IP: Quota = Quota::per_second(50);
+    /// assert_eq!(PER_IP.limit(), 50);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `limit` is 0 or above 1,000,000,000. Use [`Quota::new`] for a `Result` instead.
+    pub const fn per_second(limit: u64) -> Self {
+        Self::per(limit, 1)
     }
 
-    /// `limit` per minute.
-    pub fn per_minute(limit: u64) -> Result<Self, QuotaError> {
-        Self::new(limit, Duration::from_secs(60))
+    /// `limit` per minute (burst `limit`, GCRA). Panics like [`per_second`](Self::per_second).
+    pub const fn per_minute(limit: u64) -> Self {
+        Self::per(limit, 60)
     }
 
-    /// `limit` per hour.
-    pub fn per_hour(limit: u64) -> Result<Self, QuotaError> {
-        Self::new(limit, Duration::from_secs(3600))
+    /// `limit` per hour (burst `limit`, GCRA). Panics like [`per_second`](Self::per_second).
+    pub const fn per_hour(limit: u64) -> Self {
+        Self::per(limit, 3_600)
+    }
+
+    /// `limit` per day (burst `limit`, GCRA). Panics like [`per_second`](Self::per_second).
+    pub const fn per_day(limit: u64) -> Self {
+        Self::per(limit, 86_400)
+    }
+
+    /// `limit` per `seconds`, panicking on an invalid quota.
+    const fn per(limit: u64, seconds: u64) -> Self {
+        match Self::build(limit, seconds * 1_000_000_000, limit, Algorithm::Gcra) {
+            Ok(quota) => quota,
+            Err(QuotaError::ZeroLimit) => {
+                panic!("a quota's limit must be at least 1 (to deny everything, deny)")
+            }
+            Err(_) => panic!("a quota may not allow more than one unit per nanosecond"),
+        }
     }
 
     /// The same quota with a different burst (capacity). Only GCRA and the leaky bucket have a
@@ -218,7 +259,7 @@ impl Quota {
         Self::build(self.limit, self.period, burst, algorithm)
     }
 
-    fn build(
+    const fn build(
         limit: u64,
         period: Nanos,
         burst: u64,
@@ -245,10 +286,10 @@ impl Quota {
         if !algorithm.has_burst() && burst != limit {
             return Err(QuotaError::BurstNotApplicable { algorithm });
         }
-        if algorithm == Algorithm::SlidingWindow && limit > u64::from(u32::MAX) {
+        if matches!(algorithm, Algorithm::SlidingWindow) && limit > u32::MAX as u64 {
             return Err(QuotaError::LimitTooLarge {
                 limit,
-                max: u64::from(u32::MAX),
+                max: u32::MAX as u64,
             });
         }
         let interval = period.div_ceil(limit);
@@ -281,7 +322,7 @@ impl Quota {
 
     /// The period in nanoseconds.
     #[inline]
-    pub fn period_nanos(&self) -> Nanos {
+    pub(crate) fn period_nanos(&self) -> Nanos {
         self.period
     }
 
@@ -306,13 +347,13 @@ impl Quota {
 
     /// [`emission_interval`](Self::emission_interval) in nanoseconds.
     #[inline]
-    pub fn interval_nanos(&self) -> Nanos {
+    pub(crate) fn interval_nanos(&self) -> Nanos {
         self.interval
     }
 
     /// `burst × emission_interval`, in nanoseconds: the bucket algorithms' capacity in time.
     #[inline]
-    pub fn tolerance_nanos(&self) -> Nanos {
+    pub(crate) fn tolerance_nanos(&self) -> Nanos {
         self.tolerance
     }
 
@@ -320,7 +361,7 @@ impl Quota {
     /// multiplying with the precomputed reciprocal and correcting the estimate once (it is
     /// never more than one too small).
     #[inline]
-    pub fn units_in(&self, span: Nanos) -> u64 {
+    pub(crate) fn units_in(&self, span: Nanos) -> u64 {
         let estimate = ((u128::from(span) * u128::from(self.interval_reciprocal)) >> 64) as u64;
         if span - estimate * self.interval >= self.interval {
             estimate + 1
@@ -365,7 +406,7 @@ mod tests {
         assert_eq!(Quota::new(0, s), Err(QuotaError::ZeroLimit));
         assert_eq!(Quota::new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
         assert_eq!(
-            Quota::new(1, s).unwrap().with_burst(0),
+            Quota::per_second(1).with_burst(0),
             Err(QuotaError::ZeroBurst)
         );
         assert!(matches!(
@@ -377,7 +418,7 @@ mod tests {
             Err(QuotaError::TooLong { what: "period" })
         );
         assert_eq!(
-            Quota::new(1, s).unwrap().with_burst(u64::MAX),
+            Quota::per_second(1).with_burst(u64::MAX),
             Err(QuotaError::TooLong { what: "burst" })
         );
         let window = Quota::new(10, s)
@@ -396,6 +437,12 @@ mod tests {
                 .with_algorithm(Algorithm::SlidingWindow),
             Err(QuotaError::LimitTooLarge { .. })
         ));
+    }
+
+    #[test]
+    #[should_panic(expected = "at least 1")]
+    fn the_infallible_constructors_panic_with_a_message() {
+        let _ = Quota::per_minute(0);
     }
 
     #[test]
@@ -437,7 +484,6 @@ mod tests {
     #[test]
     fn switching_to_a_window_algorithm_resets_burst() {
         let q = Quota::per_second(10)
-            .unwrap()
             .with_burst(30)
             .unwrap()
             .with_algorithm(Algorithm::SlidingLog)

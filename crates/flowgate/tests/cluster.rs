@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::conformance::{DEFAULT_START, run_table};
 use common::redis::RedisCluster;
 use flowgate::clock::ManualClock;
-use flowgate::store::{Acquire, MemoryStore, RedisStore, Store, StoreError};
+use flowgate::store::{Ask, MemoryStore, RedisStore, Store, StoreError};
 use flowgate::{Algorithm, Quota};
 
 async fn store(cluster: &RedisCluster) -> RedisStore {
@@ -47,22 +47,14 @@ async fn cluster_passes_the_conformance_table_and_admits_exactly_the_bound() {
     // Batches spanning slots and nodes decide like the memory store.
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let quota = Quota::per_second(3)
-        .unwrap()
         .with_algorithm(Algorithm::SlidingWindow)
         .unwrap();
     let keys: Vec<String> = (0..24).map(|k| format!("spread:{k}")).collect();
     for _ in 0..4 {
-        let requests: Vec<Acquire<'_>> = keys
-            .iter()
-            .map(|key| Acquire {
-                key,
-                quota: &quota,
-                cost: 1,
-            })
-            .collect();
+        let requests: Vec<Ask<'_>> = keys.iter().map(|key| Ask::new(key, &quota)).collect();
         assert_eq!(
-            replay.acquire_many(&requests).await,
-            memory.acquire_many(&requests).await
+            replay.check_many(&requests).await,
+            memory.check_many(&requests).await
         );
         clock.advance(Duration::from_millis(300));
     }
@@ -84,7 +76,7 @@ async fn cluster_passes_the_conformance_table_and_admits_exactly_the_bound() {
                 let (s, granted) = (s.clone(), granted.clone());
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..40 {
-                        if s.acquire("hot", &quota, 1).await.unwrap().allowed {
+                        if s.check(Ask::new("hot", &quota)).await.unwrap().allowed {
                             granted.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -109,7 +101,7 @@ fn hammer(
     tokio::spawn(async move {
         let (mut granted, mut transient, mut other) = (0, 0, Vec::new());
         while !stop.load(Ordering::Relaxed) {
-            match store.acquire(key, &quota, 1).await {
+            match store.check(Ask::new(key, &quota)).await {
                 Ok(d) if d.allowed => granted += 1,
                 Ok(_) => {}
                 Err(e) if e.is_transient() => {
@@ -136,7 +128,7 @@ async fn slot_migration_and_failover_do_not_break_the_store() {
         .unwrap();
     let key = "migrating";
     let redis_key = store.redis_key(key, Algorithm::FixedWindow);
-    assert!(store.acquire(key, &quota, 1).await.unwrap().allowed);
+    assert!(store.check(Ask::new(key, &quota)).await.unwrap().allowed);
 
     // ---- migrate the key's slot to another master while it is in use
     let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +190,7 @@ async fn slot_migration_and_failover_do_not_break_the_store() {
                 .unwrap();
             panic!("no failover: {}", live.cli(&["cluster", "nodes"]));
         }
-        match store.acquire(key, &quota, 0).await {
+        match store.check(Ask::new(key, &quota).cost(0)).await {
             Ok(_) => in_a_row += 1,
             Err(e) => {
                 assert!(e.is_transient(), "{e}");
@@ -215,7 +207,7 @@ async fn slot_migration_and_failover_do_not_break_the_store() {
     let (granted, transient, other) = load.await.unwrap();
     assert!(other.is_empty(), "non-transient errors: {other:?}");
     assert!(granted > 0);
-    assert!(store.acquire(key, &quota, 1).await.unwrap().allowed);
+    assert!(store.check(Ask::new(key, &quota)).await.unwrap().allowed);
     println!(
         "failover: served again after {recovered:?} ({failures} failed calls); {granted} grants, {transient} transient errors"
     );

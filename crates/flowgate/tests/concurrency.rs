@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flowgate::clock::ManualClock;
 use flowgate::local::{KeyedRateLimiter, RateLimiter};
-use flowgate::store::MemoryStore;
+use flowgate::store::{Ask, MemoryStore, Store};
 use flowgate::{Algorithm, Quota};
 
 const THREADS: usize = 8;
@@ -15,10 +15,7 @@ const ATTEMPTS: usize = 5_000;
 const START: u64 = 1_700_006_400_000_000_000;
 
 fn quota(algorithm: Algorithm, limit: u64) -> Quota {
-    Quota::per_hour(limit)
-        .unwrap()
-        .with_algorithm(algorithm)
-        .unwrap()
+    Quota::per_hour(limit).with_algorithm(algorithm).unwrap()
 }
 
 /// Runs `attempt(thread, i)` on every thread; returns how many attempts were granted.
@@ -95,7 +92,11 @@ fn memory_store_admits_exactly_the_burst_per_key() {
         let keys: Vec<String> = (0..64).map(|k| format!("tenant:{k}")).collect();
         let granted = hammer(|thread, i| {
             let key = &keys[(i * 7 + thread * 13) % 64];
-            store.acquire_now(key, &q, 1).unwrap().allowed
+            store
+                .check_now(Ask::new(key, &q))
+                .expect("in memory")
+                .unwrap()
+                .allowed
         });
         assert_eq!(granted, 64 * 10, "{algorithm}");
     }

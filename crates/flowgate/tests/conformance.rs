@@ -7,9 +7,9 @@
 mod common;
 
 use common::conformance::{DEFAULT_START, run_table, traces};
+use flowgate::KeyedRateLimiter;
 use flowgate::clock::ManualClock;
-use flowgate::local::KeyedRateLimiter;
-use flowgate::store::{MemoryStore, Store, StoreError};
+use flowgate::store::{Ask, MemoryStore, Store, StoreError};
 use flowgate::{Decision, Quota};
 
 #[tokio::test]
@@ -80,8 +80,10 @@ impl KeyedLimiters {
 }
 
 impl Store for KeyedLimiters {
-    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
-        Ok(self.limiter(key, quota).check_key_n(key, cost)?)
+    async fn check(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
+        Ok(self
+            .limiter(ask.key, ask.quota)
+            .check_key_n(ask.key, ask.cost)?)
     }
     async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
         self.limiter(key, quota).refund_key(key, units);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::proxy::{Fault, Proxy};
 use common::redis::RedisServer;
-use flowgate::store::{FallbackStore, RedisStore, Store};
+use flowgate::store::{Ask, FallbackStore, RedisStore, Store};
 use flowgate::{FailMode, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
@@ -63,7 +63,7 @@ fn load(
     start: Instant,
     until: Duration,
 ) -> Vec<tokio::task::JoinHandle<Vec<Call>>> {
-    let quota = Quota::per_second(1_000_000_000).unwrap();
+    let quota = Quota::per_second(1_000_000_000);
     (0..8)
         .map(|caller| {
             let store = store.clone();
@@ -73,8 +73,9 @@ fn load(
                 while start.elapsed() < until {
                     n += 1;
                     let at = start.elapsed();
+                    let key = format!("load:{caller}:{}", n % 50);
                     let d = store
-                        .acquire(&format!("load:{caller}:{}", n % 50), &quota, 1)
+                        .check(Ask::new(&key, &quota))
                         .await
                         .expect("fallback turns transient errors into decisions");
                     calls.push(Call {
@@ -164,13 +165,13 @@ async fn a_slow_or_black_holed_network_opens_the_breaker_and_recovery_closes_it(
     };
     let proxy = Proxy::start(server.port).await;
     let store = fallback_store(proxy.url(), FailMode::Open).await;
-    let quota = Quota::per_second(1000).unwrap();
+    let quota = Quota::per_second(1000);
 
     for (phase, fault) in [
         ("latency", Fault::Latency(Duration::from_millis(80))),
         ("black hole", Fault::BlackHole),
     ] {
-        let d = store.acquire("k", &quota, 1).await.unwrap();
+        let d = store.check(Ask::new("k", &quota)).await.unwrap();
         assert_eq!(d.fallback, None, "{phase}: healthy before the fault");
         let opened_before = store.stats().breaker_opened;
 
@@ -178,7 +179,7 @@ async fn a_slow_or_black_holed_network_opens_the_breaker_and_recovery_closes_it(
         // The first calls wait out the timeout, then the breaker opens.
         for _ in 0..3 {
             let t = Instant::now();
-            let d = store.acquire("k", &quota, 1).await.unwrap();
+            let d = store.check(Ask::new("k", &quota)).await.unwrap();
             assert_eq!(d.fallback, Some(FailMode::Open), "{phase}");
             assert!(
                 t.elapsed() >= TIMEOUT && t.elapsed() <= TIMEOUT + slack(),
@@ -192,7 +193,7 @@ async fn a_slow_or_black_holed_network_opens_the_breaker_and_recovery_closes_it(
         let mut waited = 0;
         for _ in 0..1000 {
             let t = Instant::now();
-            let d = store.acquire("k", &quota, 1).await.unwrap();
+            let d = store.check(Ask::new("k", &quota)).await.unwrap();
             assert_eq!(d.fallback, Some(FailMode::Open));
             if t.elapsed() > Duration::from_millis(2) {
                 waited += 1;
@@ -206,7 +207,7 @@ async fn a_slow_or_black_holed_network_opens_the_breaker_and_recovery_closes_it(
         proxy.set(Fault::None);
         let healed = Instant::now();
         loop {
-            let d = store.acquire("k", &quota, 1).await.unwrap();
+            let d = store.check(Ask::new("k", &quota)).await.unwrap();
             if d.fallback.is_none() {
                 break;
             }

@@ -11,9 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use flowgate::clock::ManualClock;
 use flowgate::http::key::{Global, Header, PeerAddr, PeerIp};
-use flowgate::http::{Limit, Policy, RateLimitLayer, StatsSnapshot};
-use flowgate::store::{MemoryStore, Store, StoreError};
-use flowgate::{Algorithm, Decision, FailMode, Quota};
+use flowgate::http::{Limit, Limits, RateLimitLayer, StatsSnapshot};
+use flowgate::store::{Ask, MemoryStore, Store, StoreError};
+use flowgate::{Algorithm, Decision, Quota};
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
@@ -24,9 +24,9 @@ use tower::{Layer, ServiceExt, service_fn};
 struct OnePollLate(MemoryStore<ManualClock>);
 
 impl Store for OnePollLate {
-    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
+    async fn check(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
         tokio::task::yield_now().await;
-        self.0.acquire(key, quota, cost).await
+        self.0.check(ask).await
     }
     async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
         tokio::task::yield_now().await;
@@ -93,16 +93,15 @@ struct Seen {
 
 /// Runs `steps` through a layer over `store` (one service call per step) and returns what each
 /// response looked like, and the layer's counters.
-fn run<St: Store>(
+fn run<St: Store + 'static>(
     store: St,
     clock: &ManualClock,
-    policy: Policy,
+    policy: Limits,
     legacy: bool,
     steps: &[Step],
 ) -> (Vec<Seen>, StatsSnapshot) {
     let layer = RateLimitLayer::builder(store, policy)
         .legacy_headers(legacy)
-        .on_store_error(FailMode::Closed)
         .build()
         .unwrap();
     let service = layer.layer(service_fn(|_: Request<Full<Bytes>>| async {
@@ -139,10 +138,10 @@ const POLICIES: [&str; 6] = [
     "two limits",
 ];
 
-/// Policy `kind`, its quotas built by `quota(limit)`.
-fn policy(kind: &str, quota: impl Fn(u64) -> Quota, limit: u64) -> Policy {
+/// Limits `kind`, its quotas built by `quota(limit)`.
+fn policy(kind: &str, quota: impl Fn(u64) -> Quota, limit: u64) -> Limits {
     let (base, more) = (quota(limit), quota(limit * 2));
-    let one = |limit| Policy::new().limit(limit);
+    let one = |limit| Limits::new().limit(limit);
     match kind {
         "per-ip" => one(Limit::new("per-ip", PeerIp::new(), base)),
         "tiered, unknown tiers skipped" => one(Limit::tiered("per-key", api_key(), plan())
@@ -153,7 +152,7 @@ fn policy(kind: &str, quota: impl Fn(u64) -> Quota, limit: u64) -> Policy {
             .otherwise(base)),
         "shadow" => one(Limit::new("shadow", PeerIp::new(), base).shadow(true)),
         "cost 2" => one(Limit::new("heavy", Global::default(), quota(4)).cost(2)),
-        "two limits" => Policy::new()
+        "two limits" => Limits::new()
             .limit(Limit::new("per-ip", PeerIp::new(), base))
             .limit(Limit::new("all", Global::default(), quota(5))),
         _ => unreachable!("no policy {kind}"),

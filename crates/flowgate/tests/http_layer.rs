@@ -13,8 +13,8 @@ use bytes::Bytes;
 use flowgate::clock::ManualClock;
 use flowgate::http::key::{ClientIp, Header, Jwt, PeerAddr, PeerIp, Route};
 use flowgate::http::problem::QUOTA_EXCEEDED;
-use flowgate::http::{Limit, Policy, RateLimitLayer};
-use flowgate::store::{Acquire, DynStore, MemoryStore, Store, StoreError};
+use flowgate::http::{Limit, Limits, RateLimitLayer};
+use flowgate::store::{Ask, DynStore, FallbackStore, MemoryStore, Store, StoreError};
 use flowgate::{Decision, FailMode, Quota};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -37,7 +37,7 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-fn app(layer: RateLimitLayer<Arc<dyn DynStore>>) -> Router {
+fn app<St: Store + 'static>(layer: RateLimitLayer<St>) -> Router {
     Router::new()
         .route("/", get(|| async { "hello" }))
         .route("/login", get(|| async { "login" }))
@@ -133,7 +133,7 @@ async fn headers_match_the_decision_and_retry_after_is_never_zero() {
     let clock = ManualClock::new(1_700_000_000_000_000_000);
     let store = memory_store(&clock);
     let quota = Quota::new(3, Duration::from_secs(10)).unwrap();
-    let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
+    let policy = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
     let layer = RateLimitLayer::builder(store.clone(), policy)
         .legacy_headers(true)
         .build()
@@ -171,7 +171,7 @@ async fn headers_match_the_decision_and_retry_after_is_never_zero() {
         }
         limited += 1;
         assert_eq!(reply.status, 429);
-        let denial: Decision = store.acquire(key, &quota, 1).await.unwrap();
+        let denial: Decision = store.check(Ask::new(key, &quota)).await.unwrap();
         assert!(!denial.allowed);
         let secs = retry_after(&reply);
         assert!(secs >= 1);
@@ -196,10 +196,10 @@ async fn headers_match_the_decision_and_retry_after_is_never_zero() {
 async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from_trusted_proxies() {
     let clock = ManualClock::new(1_700_000_000_000_000_000);
     let store = memory_store(&clock);
-    let quota = Quota::per_minute(2).unwrap();
+    let quota = Quota::per_minute(2);
     // Only 127.0.0.2 is our proxy; 127.0.0.1 is "the internet".
     let client_ip = ClientIp::new(["127.0.0.2/32".parse().unwrap()]);
-    let policy = Policy::new().limit(Limit::new("per-client", client_ip, quota));
+    let policy = Limits::new().limit(Limit::new("per-client", client_ip, quota));
     let addr = serve(app(RateLimitLayer::new(store.clone(), policy).unwrap())).await;
     let (direct, proxy) = (client_from("127.0.0.1"), client_from("127.0.0.2"));
 
@@ -272,10 +272,10 @@ async fn tiers_give_different_limits() {
     let secret = b"tier-secret";
     let jwt = Jwt::hs256(secret);
     let (free, enterprise) = (
-        Quota::per_second(10).unwrap().with_burst(20).unwrap(),
-        Quota::per_second(500).unwrap().with_burst(1000).unwrap(),
+        Quota::per_second(10).with_burst(20).unwrap(),
+        Quota::per_second(500).with_burst(1000).unwrap(),
     );
-    let policy = Policy::new().limit(
+    let policy = Limits::new().limit(
         Limit::tiered("per-user", jwt.claim("sub"), jwt.claim("plan"))
             .tier("free", free)
             .tier("enterprise", enterprise),
@@ -317,10 +317,10 @@ async fn tiers_give_different_limits() {
 async fn multi_limit_requests_refund_on_partial_deny() {
     let clock = ManualClock::new(1_700_000_000_000_000_000);
     let store = memory_store(&clock);
-    let per_ip = Quota::per_minute(100).unwrap();
-    let login = Quota::per_minute(2).unwrap();
-    let api_key = Quota::per_minute(50).unwrap();
-    let policy = Policy::new()
+    let per_ip = Quota::per_minute(100);
+    let login = Quota::per_minute(2);
+    let api_key = Quota::per_minute(50);
+    let policy = Limits::new()
         .limit(Limit::new("per-ip", PeerIp::new(), per_ip))
         .limit(
             Limit::tiered(
@@ -402,11 +402,11 @@ impl UnreachableStore {
 }
 
 impl Store for UnreachableStore {
-    async fn acquire(&self, _: &str, _: &Quota, _: u64) -> Result<Decision, StoreError> {
+    async fn check(&self, _: Ask<'_>) -> Result<Decision, StoreError> {
         self.connect().await?;
         Err(StoreError::Backend("this store speaks no protocol".into()))
     }
-    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
+    async fn check_many(&self, requests: &[Ask<'_>]) -> Vec<Result<Decision, StoreError>> {
         let result = self.connect().await.map(|_| ());
         requests
             .iter()
@@ -425,9 +425,9 @@ impl Store for UnreachableStore {
 }
 
 #[tokio::test]
-async fn an_unreachable_store_fails_closed_with_503_or_open_with_a_marker() {
-    let quota = Quota::per_second(5).unwrap();
-    let policy = || Policy::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
+async fn an_unreachable_store_answers_503_or_fails_open_through_the_fallback_store() {
+    let quota = Quota::per_second(5);
+    let policy = || Limits::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
     let client = client_from("127.0.0.1");
 
     let store: Arc<dyn DynStore> = Arc::new(UnreachableStore::new().await);
@@ -442,10 +442,11 @@ async fn an_unreachable_store_fails_closed_with_503_or_open_with_a_marker() {
     assert_eq!(body["type"], "about:blank");
     assert_eq!(closed_stats.snapshot().unavailable, 1);
 
-    let open = RateLimitLayer::builder(store, policy())
-        .on_store_error(FailMode::Open)
-        .build()
-        .unwrap();
+    // The limit's fail mode travels to the fallback store, which applies it.
+    let fallback = FallbackStore::builder(store).fail(FailMode::Closed).build();
+    let limits =
+        Limits::new().limit(Limit::new("per-ip", PeerIp::new(), quota).fail(FailMode::Open));
+    let open = RateLimitLayer::new(fallback, limits).unwrap();
     let open_stats = open.stats();
     let addr = serve(app(open)).await;
     for _ in 0..3 {
@@ -467,8 +468,8 @@ async fn works_as_plain_hyper_middleware_and_answers_grpc_with_grpc_statuses() {
     use tower::{Layer, service_fn};
 
     let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let quota = Quota::per_minute(1).unwrap();
-    let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
+    let quota = Quota::per_minute(1);
+    let policy = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
     let layer = RateLimitLayer::new(memory_store(&clock), policy).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -64,7 +64,7 @@ fn outbound_error(e: BoxError) -> OutboundError {
 #[tokio::test(start_paused = true)]
 async fn paces_50_calls_to_the_rate_in_fifo_order() {
     let log = Log::default();
-    let layer = OutboundLimitLayer::builder(Quota::per_second(20).unwrap().with_burst(1).unwrap())
+    let layer = OutboundLimitLayer::builder(Quota::per_second(20).with_burst(1).unwrap())
         .clock(TokioClock::new())
         .build();
     let client = layer.layer(upstream(log.clone(), &[], ""));
@@ -91,7 +91,7 @@ async fn paces_50_calls_to_the_rate_in_fifo_order() {
 #[tokio::test(start_paused = true)]
 async fn obeys_retry_after_by_pausing_only_that_key() {
     let log = Log::default();
-    let layer = OutboundLimitLayer::builder(Quota::per_second(10).unwrap().with_burst(1).unwrap())
+    let layer = OutboundLimitLayer::builder(Quota::per_second(10).with_burst(1).unwrap())
         .max_delay(Duration::from_secs(5))
         .clock(TokioClock::new())
         .build();
@@ -134,7 +134,7 @@ async fn obeys_retry_after_by_pausing_only_that_key() {
 
     // A pause longer than the maximum delay makes new requests fail at once.
     let log = Log::default();
-    let layer = OutboundLimitLayer::builder(Quota::per_second(10).unwrap())
+    let layer = OutboundLimitLayer::builder(Quota::per_second(10))
         .max_delay(Duration::from_secs(1))
         .clock(TokioClock::new())
         .build();
@@ -172,7 +172,7 @@ async fn futures_join(
 #[tokio::test(start_paused = true)]
 async fn waits_are_bounded_and_cancelled_waiters_give_their_turn_back() {
     let log = Log::default();
-    let layer = OutboundLimitLayer::builder(Quota::per_second(10).unwrap().with_burst(1).unwrap())
+    let layer = OutboundLimitLayer::builder(Quota::per_second(10).with_burst(1).unwrap())
         .max_delay(Duration::from_millis(250))
         .max_queue(3)
         .clock(TokioClock::new())
@@ -266,7 +266,7 @@ async fn paces_real_http_calls_within_5_percent_and_honours_retry_after() {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let warm = http.clone();
-    let layer = OutboundLimitLayer::builder(Quota::per_second(100).unwrap().with_burst(1).unwrap())
+    let layer = OutboundLimitLayer::builder(Quota::per_second(100).with_burst(1).unwrap())
         .max_delay(Duration::from_secs(5))
         .build();
     let client = layer.layer(http);

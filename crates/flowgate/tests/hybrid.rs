@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::redis::RedisServer;
-use flowgate::store::{HybridStore, RedisStore, Store};
+use flowgate::store::{Ask, HybridStore, RedisStore, Store};
 use flowgate::{Algorithm, Quota};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +50,12 @@ async fn three_instances_at_five_times_the_limit_stay_within_the_bound() {
                 let (instance, admitted) = (instance.clone(), admitted.clone());
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..LIMIT / K {
-                        if instance.acquire("shared", &quota, 1).await.unwrap().allowed {
+                        if instance
+                            .check(Ask::new("shared", &quota))
+                            .await
+                            .unwrap()
+                            .allowed
+                        {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
                         tokio::time::sleep(Duration::from_micros(6_000)).await;

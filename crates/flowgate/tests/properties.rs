@@ -55,13 +55,13 @@ fn replay<S: State>(q: &Quota, steps: &[(u64, u64)]) -> Vec<(Nanos, u64, Decisio
     let mut now = START;
     let mut out = Vec::new();
     for &(advance, cost) in steps {
-        now += q.period_nanos() * advance / 64;
+        now += (q.period().as_nanos() as u64) * advance / 64;
         let cost = if cost <= 1 {
             cost
         } else {
             (q.burst() * cost / 8).max(1)
         };
-        out.push((now, cost, state.acquire(q, cost, now)));
+        out.push((now, cost, state.check(q, cost, now)));
     }
     out
 }
@@ -95,55 +95,55 @@ fn check_exact_answers<S: State>(q: &Quota, steps: &[(u64, u64)]) -> Result<(), 
     let mut state = S::default();
     let mut now = START;
     for &(advance, cost) in steps {
-        now += q.period_nanos() * advance / 64;
+        now += (q.period().as_nanos() as u64) * advance / 64;
         let cost = if cost <= 1 {
             cost
         } else {
             (q.burst() * cost / 8).max(1)
         };
         let before = state.clone();
-        let d = state.acquire(q, cost, now);
+        let d = state.check(q, cost, now);
         if d.allowed {
             // `remaining` more fit right now; one more does not.
             let r = d.remaining;
             if r > 0 && r <= q.burst() {
                 prop_assert!(
-                    state.clone().acquire(q, r, now).allowed,
+                    state.clone().check(q, r, now).allowed,
                     "remaining {r} should fit"
                 );
             }
             if r < q.burst() {
                 prop_assert!(
-                    !state.clone().acquire(q, r + 1, now).allowed,
+                    !state.clone().check(q, r + 1, now).allowed,
                     "{} should not fit",
                     r + 1
                 );
             }
         } else {
             prop_assert_eq!(
-                state.clone().acquire(q, 0, now),
-                state.clone().acquire(q, 0, now)
+                state.clone().check(q, 0, now),
+                state.clone().check(q, 0, now)
             );
             // A denial changes nothing observable.
             prop_assert_eq!(
-                before.clone().acquire(q, 0, now),
-                state.clone().acquire(q, 0, now),
+                before.clone().check(q, 0, now),
+                state.clone().check(q, 0, now),
                 "a denial changed the state"
             );
             let retry = d.retry_after.as_nanos() as Nanos;
             prop_assert!(retry > 0);
             prop_assert!(
-                state.clone().acquire(q, cost, now + retry).allowed,
+                state.clone().check(q, cost, now + retry).allowed,
                 "not granted after retry_after {retry}"
             );
             prop_assert!(
-                !state.clone().acquire(q, cost, now + retry - 1).allowed,
+                !state.clone().check(q, cost, now + retry - 1).allowed,
                 "granted 1 ns before retry_after {retry}"
             );
         }
         // After reset_after, everything is back.
         let reset = d.reset_after.as_nanos() as Nanos;
-        let full = state.clone().acquire(q, 0, now + reset);
+        let full = state.clone().check(q, 0, now + reset);
         prop_assert_eq!(
             full.remaining,
             q.burst(),
@@ -164,7 +164,7 @@ proptest! {
             let mut units = 0;
             for &(b, c) in &grants[i..] {
                 units += c;
-                let bound = q.burst() + (b - a) / q.interval_nanos();
+                let bound = q.burst() + (b - a) / (q.emission_interval().as_nanos() as u64);
                 prop_assert!(units <= bound, "{units} units in {} ns > {bound}", b - a);
             }
         }
@@ -180,9 +180,9 @@ proptest! {
         let (mut gcra, mut leaky) = (Gcra::default(), LeakyBucket::default());
         let mut now = START;
         for (i, &(advance, cost)) in s.iter().enumerate() {
-            now += q.period_nanos() * advance / 64;
+            now += (q.period().as_nanos() as u64) * advance / 64;
             let cost = cost.min(q.burst());
-            prop_assert_eq!(gcra.acquire(&q, cost, now), leaky.acquire(&leaky_q, cost, now));
+            prop_assert_eq!(gcra.check(&q, cost, now), leaky.check(&leaky_q, cost, now));
             if refunds[i] > 0 {
                 gcra.refund(&q, refunds[i], now);
                 leaky.refund(&leaky_q, refunds[i], now);
@@ -192,7 +192,7 @@ proptest! {
 
     #[test]
     fn fixed_window_grants_at_most_limit_per_window(q in quota(Algorithm::FixedWindow), s in steps()) {
-        let p = q.period_nanos();
+        let p = q.period().as_nanos() as u64;
         let grants = granted(&replay::<FixedWindow>(&q, &s));
         let mut per_window = std::collections::HashMap::<u64, u64>::new();
         for (t, c) in grants {
@@ -204,13 +204,13 @@ proptest! {
     #[test]
     fn sliding_log_never_exceeds_limit_in_any_window(q in quota(Algorithm::SlidingLog), s in steps()) {
         let grants = granted(&replay::<SlidingLog>(&q, &s));
-        prop_assert!(busiest_window(&grants, q.period_nanos()) <= q.limit());
+        prop_assert!(busiest_window(&grants, q.period().as_nanos() as u64) <= q.limit());
     }
 
     #[test]
     fn sliding_window_stays_under_twice_the_limit(q in quota(Algorithm::SlidingWindow), s in steps()) {
         let grants = granted(&replay::<SlidingWindow>(&q, &s));
-        prop_assert!(busiest_window(&grants, q.period_nanos()) < 2 * q.limit());
+        prop_assert!(busiest_window(&grants, q.period().as_nanos() as u64) < 2 * q.limit());
     }
 
     #[test]
@@ -248,15 +248,15 @@ fn sliding_window_worst_case_reaches_twice_the_limit_minus_one() {
         .unwrap()
         .with_algorithm(Algorithm::SlidingWindow)
         .unwrap();
-    let p = q.period_nanos();
+    let p = q.period().as_nanos() as u64;
     let mut state = SlidingWindow::default();
     let end_of_window = START + p - 1;
     let mut grants = vec![(end_of_window, 10)];
-    assert!(state.acquire(&q, 10, end_of_window).allowed);
+    assert!(state.check(&q, 10, end_of_window).allowed);
     // Keep taking one unit whenever it fits, until the window starting at the burst closes.
     let mut t = START + p;
     while t < end_of_window + p {
-        let d = state.acquire(&q, 1, t);
+        let d = state.check(&q, 1, t);
         if d.allowed {
             grants.push((t, 1));
         } else {
@@ -275,15 +275,15 @@ proptest! {
         limits in (1u64..=20, 1u64..=20),
         s in steps(),
     ) {
-        let old = Quota::per_second(limits.0).unwrap().with_algorithm(algorithm).unwrap();
-        let new = Quota::per_second(limits.1).unwrap().with_algorithm(algorithm).unwrap();
+        let old = Quota::per_second(limits.0).with_algorithm(algorithm).unwrap();
+        let new = Quota::per_second(limits.1).with_algorithm(algorithm).unwrap();
         fn run<S: State>(old: &Quota, new: &Quota, steps: &[(u64, u64)]) -> Result<(), TestCaseError> {
             let mut state = S::default();
             let mut now = START;
             for (i, &(advance, cost)) in steps.iter().enumerate() {
-                now += old.period_nanos() * advance / 64;
+                now += (old.period().as_nanos() as u64) * advance / 64;
                 let q = if i % 2 == 0 { old } else { new };
-                let d = state.acquire(q, cost.min(q.burst()), now);
+                let d = state.check(q, cost.min(q.burst()), now);
                 prop_assert!(d.remaining <= q.burst());
                 state.refund(q, cost % 2, now);
             }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::conformance::{DEFAULT_START, run_table};
 use common::redis::RedisServer;
 use flowgate::clock::{ManualClock, Nanos};
-use flowgate::store::{Acquire, MemoryStore, RedisStore, Store, StoreError};
+use flowgate::store::{Ask, MemoryStore, RedisStore, Store, StoreError};
 use flowgate::{Algorithm, Quota};
 use proptest::prelude::*;
 
@@ -88,10 +88,10 @@ fn quota_strategy() -> impl Strategy<Value = Quota> {
             let mut quota = Quota::new(limit, Duration::from_nanos(period))
                 .and_then(|q| q.with_algorithm(algorithm))
                 .ok()?;
-            if algorithm.has_burst() {
-                if let Ok(q) = quota.with_burst(limit.saturating_add(burst_extra)) {
-                    quota = q;
-                }
+            if algorithm.has_burst()
+                && let Ok(q) = quota.with_burst(limit.saturating_add(burst_extra))
+            {
+                quota = q;
             }
             Some(quota)
         },
@@ -99,7 +99,7 @@ fn quota_strategy() -> impl Strategy<Value = Quota> {
 }
 
 fn ops_strategy(quota: Quota) -> impl Strategy<Value = Vec<Op>> {
-    let period = quota.period_nanos() as i64;
+    let period = (quota.period().as_nanos() as u64) as i64;
     let burst = quota.burst();
     let op = prop_oneof![
         8 => (
@@ -166,8 +166,8 @@ fn redis_store_matches_the_memory_store_on_random_traces() {
                     Op::Acquire { dt, cost } => {
                         now = now.saturating_add_signed(dt);
                         clock.set(now);
-                        let expected = memory.acquire(&key, &quota, cost).await;
-                        let actual = redis.acquire(&key, &quota, cost).await;
+                        let expected = memory.check(Ask::new(&key, &quota).cost(cost)).await;
+                        let actual = redis.check(Ask::new(&key, &quota).cost(cost)).await;
                         prop_assert!(
                             same(expected.clone(), actual.clone()),
                             "step {i} {op:?} at {now} with {quota:?}: memory {expected:?}, redis {actual:?}"
@@ -233,7 +233,7 @@ async fn four_instances_admit_exactly_the_bound() {
                 let (store, granted) = (store.clone(), granted.clone());
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..40 {
-                        let d = store.acquire("hammered", &quota, 1).await.unwrap();
+                        let d = store.check(Ask::new("hammered", &quota)).await.unwrap();
                         if d.allowed {
                             granted.fetch_add(1, Ordering::Relaxed);
                         }
@@ -263,11 +263,14 @@ async fn keys_expire_when_idle_and_live_in_one_slot_per_limit() {
         .unwrap();
     let mut conn = server.connection();
     for algorithm in Algorithm::ALL {
-        let quota = Quota::per_minute(10)
-            .unwrap()
-            .with_algorithm(algorithm)
-            .unwrap();
-        assert!(store.acquire("user:7", &quota, 3).await.unwrap().allowed);
+        let quota = Quota::per_minute(10).with_algorithm(algorithm).unwrap();
+        assert!(
+            store
+                .check(Ask::new("user:7", &quota).cost(3))
+                .await
+                .unwrap()
+                .allowed
+        );
         let key = store.redis_key("user:7", algorithm);
         assert_eq!(key, format!("t:{{user:7}}:{}", algorithm.name()));
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
@@ -290,7 +293,7 @@ async fn a_foreign_value_fails_only_its_own_request() {
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let quota = Quota::per_second(5).unwrap();
+    let quota = Quota::per_second(5);
     let mut conn = server.connection();
     let _: () = redis::cmd("SET")
         .arg(store.redis_key("garbled", Algorithm::Gcra))
@@ -303,28 +306,12 @@ async fn a_foreign_value_fails_only_its_own_request() {
         .query(&mut conn)
         .unwrap();
     let requests = [
-        Acquire {
-            key: "fine",
-            quota: &quota,
-            cost: 1,
-        },
-        Acquire {
-            key: "garbled",
-            quota: &quota,
-            cost: 1,
-        },
-        Acquire {
-            key: "listy",
-            quota: &quota,
-            cost: 1,
-        },
-        Acquire {
-            key: "fine",
-            quota: &quota,
-            cost: 1,
-        },
+        Ask::new("fine", &quota),
+        Ask::new("garbled", &quota),
+        Ask::new("listy", &quota),
+        Ask::new("fine", &quota),
     ];
-    let results = store.acquire_many(&requests).await;
+    let results = store.check_many(&requests).await;
     // The two requests for "fine" may travel in different batches, racing each other; either
     // order is a correct answer, and both are granted.
     let mut fine = [
@@ -354,13 +341,13 @@ async fn unsupported_quotas_and_impossible_costs_are_clear_errors() {
         .unwrap()
         .with_algorithm(Algorithm::FixedWindow)
         .unwrap();
-    match store.acquire("k", &odd, 1).await {
+    match store.check(Ask::new("k", &odd)).await {
         Err(StoreError::Backend(msg)) => assert!(msg.contains("whole microseconds"), "{msg}"),
         other => panic!("expected an error, got {other:?}"),
     }
-    let quota = Quota::per_second(2).unwrap();
+    let quota = Quota::per_second(2);
     assert!(matches!(
-        store.acquire("k", &quota, 3).await,
+        store.check(Ask::new("k", &quota).cost(3)).await,
         Err(StoreError::Capacity(_))
     ));
 }
@@ -371,10 +358,16 @@ async fn a_flushed_script_cache_is_refilled() {
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let quota = Quota::per_minute(10).unwrap();
-    assert_eq!(store.acquire("k", &quota, 1).await.unwrap().remaining, 9);
+    let quota = Quota::per_minute(10);
+    assert_eq!(
+        store.check(Ask::new("k", &quota)).await.unwrap().remaining,
+        9
+    );
     server.cli(&["script", "flush"]);
-    assert_eq!(store.acquire("k", &quota, 1).await.unwrap().remaining, 8);
+    assert_eq!(
+        store.check(Ask::new("k", &quota)).await.unwrap().remaining,
+        8
+    );
     store.refund("k", &quota, 2).await.unwrap();
     assert_eq!(store.peek("k", &quota).await.unwrap().remaining, 10);
 }
@@ -399,14 +392,32 @@ async fn sliding_window_boundaries_are_exact_far_beyond_2_pow_53() {
     for (n, cost) in [1u64, 3, 1000, limit / 2].into_iter().enumerate() {
         let key = format!("exact:{n}");
         clock.set(period); // window 1: fill it
-        assert!(redis.acquire(&key, &quota, limit).await.unwrap().allowed);
-        assert!(memory.acquire(&key, &quota, limit).await.unwrap().allowed);
+        assert!(
+            redis
+                .check(Ask::new(&key, &quota).cost(limit))
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            memory
+                .check(Ask::new(&key, &quota).cost(limit))
+                .await
+                .unwrap()
+                .allowed
+        );
         // In window 2, `cost` fits from elapsed = cost × period / limit on.
         let boundary = 2 * period + cost * (period / limit);
         for (t, allowed) in [(boundary - 1, false), (boundary, true)] {
             clock.set(t);
-            let expected = memory.acquire(&key, &quota, cost).await.unwrap();
-            let actual = redis.acquire(&key, &quota, cost).await.unwrap();
+            let expected = memory
+                .check(Ask::new(&key, &quota).cost(cost))
+                .await
+                .unwrap();
+            let actual = redis
+                .check(Ask::new(&key, &quota).cost(cost))
+                .await
+                .unwrap();
             assert_eq!(expected.allowed, allowed, "reference at {t}");
             assert_eq!(actual, expected, "cost {cost} at {t}");
         }
@@ -439,20 +450,19 @@ async fn mixed_batches_decide_like_the_memory_store() {
         .map(|q| (0..3).map(|k| format!("mixed:{q}:{k}")).collect())
         .collect();
     for round in 0..40u64 {
-        let requests: Vec<Acquire<'_>> = quotas
+        let requests: Vec<Ask<'_>> = quotas
             .iter()
             .enumerate()
             .flat_map(|(i, quota)| {
                 let keys = &keys;
-                (0..2).map(move |k| Acquire {
-                    key: &keys[i][(k + round as usize) % 3],
-                    quota,
-                    cost: (round + i as u64 + k as u64) % 3,
+                (0..2).map(move |k| {
+                    Ask::new(&keys[i][(k + round as usize) % 3], quota)
+                        .cost((round + i as u64 + k as u64) % 3)
                 })
             })
             .collect();
-        let expected = memory.acquire_many(&requests).await;
-        let actual = redis.acquire_many(&requests).await;
+        let expected = memory.check_many(&requests).await;
+        let actual = redis.check_many(&requests).await;
         assert_eq!(actual, expected, "round {round}");
         clock.advance(Duration::from_millis(37 * (round % 5)));
     }

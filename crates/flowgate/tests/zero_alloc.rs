@@ -7,7 +7,7 @@ use std::cell::Cell;
 
 use flowgate::clock::ManualClock;
 use flowgate::local::{KeyedRateLimiter, RateLimiter};
-use flowgate::store::MemoryStore;
+use flowgate::store::{Ask, MemoryStore, Store};
 use flowgate::{Algorithm, Quota};
 
 /// Counts allocations of the current thread while `COUNTING` is set.
@@ -56,10 +56,7 @@ fn allocations(f: impl FnOnce()) -> u64 {
 const START: u64 = 1_700_006_400_000_000_000;
 
 fn quota(algorithm: Algorithm) -> Quota {
-    Quota::per_second(50)
-        .unwrap()
-        .with_algorithm(algorithm)
-        .unwrap()
+    Quota::per_second(50).with_algorithm(algorithm).unwrap()
 }
 
 #[test]
@@ -74,12 +71,12 @@ fn direct_checks_allocate_nothing() {
         let limiter = RateLimiter::with_clock(quota(algorithm), clock.clone());
         // Warm up: let the sliding log grow its buffer to its steady size.
         for _ in 0..200 {
-            limiter.check();
+            let _ = limiter.check();
             clock.advance(std::time::Duration::from_millis(7));
         }
         let n = allocations(|| {
             for _ in 0..10_000 {
-                std::hint::black_box(limiter.check());
+                let _ = std::hint::black_box(limiter.check());
                 clock.advance(std::time::Duration::from_millis(7));
             }
         });
@@ -96,13 +93,13 @@ fn keyed_checks_on_existing_keys_allocate_nothing() {
             .build();
         for round in 0..200u64 {
             for key in 0..1000u64 {
-                limiter.check_key(&key);
+                let _ = limiter.check_key(&key);
             }
             clock.advance(std::time::Duration::from_millis(7 + round % 3));
         }
         let n = allocations(|| {
             for i in 0..100_000u64 {
-                std::hint::black_box(limiter.check_key(&(i % 1000)));
+                let _ = std::hint::black_box(limiter.check_key(&(i % 1000)));
                 if i % 1000 == 0 {
                     clock.advance(std::time::Duration::from_millis(7));
                 }
@@ -121,13 +118,21 @@ fn memory_store_checks_on_existing_keys_allocate_nothing() {
         let q = quota(algorithm);
         for _ in 0..200 {
             for key in &keys {
-                store.acquire_now(key, &q, 1).unwrap();
+                let _ = store
+                    .check_now(Ask::new(key, &q))
+                    .expect("in memory")
+                    .unwrap();
             }
             clock.advance(std::time::Duration::from_millis(7));
         }
         let n = allocations(|| {
             for i in 0..10_000 {
-                std::hint::black_box(store.acquire_now(&keys[i % 100], &q, 1).unwrap());
+                let _ = std::hint::black_box(
+                    store
+                        .check_now(Ask::new(&keys[i % 100], &q))
+                        .expect("in memory")
+                        .unwrap(),
+                );
                 if i % 100 == 0 {
                     clock.advance(std::time::Duration::from_millis(7));
                 }
@@ -148,7 +153,7 @@ fn the_http_layer_allocates_only_the_ratelimit_value() {
     use std::task::{Context, Poll, Waker};
 
     use flowgate::http::key::{PeerAddr, PeerIp};
-    use flowgate::http::{Limit, Policy, RateLimitLayer};
+    use flowgate::http::{Limit, Limits, RateLimitLayer};
     use http::{HeaderMap, Request, Response};
     use tower::{Layer, Service, service_fn};
 
@@ -156,8 +161,8 @@ fn the_http_layer_allocates_only_the_ratelimit_value() {
     const WARM_UP: usize = 10;
     let clock = ManualClock::new(START);
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    let quota = Quota::per_second(1_000_000).unwrap();
-    let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
+    let quota = Quota::per_second(1_000_000);
+    let policy = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), quota));
     // The inner service hands out responses made beforehand, with room for the fields, so that
     // only the layer's allocations are counted.
     let responses: Vec<Response<()>> = (0..REQUESTS + WARM_UP)

@@ -25,23 +25,23 @@ use axum::extract::Query;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{BoxError, Router};
+use flowgate::Quota;
 use flowgate::http::key::{ClientIp, Jwt, Route};
-use flowgate::http::{Limit, Policy, RateLimitLayer};
+use flowgate::http::{Limit, Limits, RateLimitLayer};
 use flowgate::store::MemoryStore;
-use flowgate::{FailMode, Quota};
 use tower::ServiceBuilder;
 
 /// The app, with tokens signed by `secret` and `X-Forwarded-For` believed from `trusted`.
 fn app(secret: &'static [u8], trusted: Vec<ipnet::IpNet>) -> Result<Router, Box<dyn Error>> {
-    // One store for both layers; in a fleet, use the Redis store instead.
-    let store =
-        std::sync::Arc::new(MemoryStore::new()) as std::sync::Arc<dyn flowgate::store::DynStore>;
+    // One store for both layers (an `Arc` of a store is a store); in a fleet, use the Redis
+    // store, wrapped in a `FallbackStore` for fail open, closed or local.
+    let store = std::sync::Arc::new(MemoryStore::new());
 
-    let edge = Policy::new()
+    let edge = Limits::new()
         .limit(Limit::new(
             "per-ip",
             ClientIp::new(trusted.clone()),
-            Quota::per_second(100)?.with_burst(200)?,
+            Quota::per_second(100).with_burst(200)?,
         ))
         .limit(
             // Tiered by route: only `POST /login` has a quota; other routes skip this limit.
@@ -50,17 +50,15 @@ fn app(secret: &'static [u8], trusted: Vec<ipnet::IpNet>) -> Result<Router, Box<
                 ClientIp::new(trusted),
                 Route::new(["/login"])?.with_method(),
             )
-            .tier("POST /login", Quota::per_minute(5)?),
+            .tier("POST /login", Quota::per_minute(5)),
         );
-    let edge = RateLimitLayer::builder(store.clone(), edge)
-        .on_store_error(FailMode::Open)
-        .build()?;
+    let edge = RateLimitLayer::new(store.clone(), edge)?;
 
     let jwt = Jwt::hs256(secret);
-    let per_user = Policy::new().limit(
+    let per_user = Limits::new().limit(
         Limit::tiered("per-user", jwt.claim("sub"), jwt.claim("plan"))
-            .tier("free", Quota::per_second(10)?.with_burst(20)?)
-            .tier("enterprise", Quota::per_second(500)?.with_burst(1000)?),
+            .tier("free", Quota::per_second(10).with_burst(20)?)
+            .tier("enterprise", Quota::per_second(500).with_burst(1000)?),
     );
     let per_user = RateLimitLayer::new(store, per_user)?;
 

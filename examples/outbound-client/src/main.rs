@@ -22,7 +22,7 @@ use bytes::Bytes;
 use flowgate::Quota;
 use flowgate::http::key::Global;
 use flowgate::http::outbound::{BoxError, OutboundLimitLayer};
-use flowgate::http::{Limit, Policy, RateLimitLayer};
+use flowgate::http::{Limit, Limits, RateLimitLayer};
 use flowgate::store::MemoryStore;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -32,12 +32,12 @@ use tower::{Layer, Service, ServiceExt};
 
 /// The gateway's published limit: 5 messages per second (bursts of 2 absorb network jitter).
 fn gateway_quota() -> Result<Quota, flowgate::QuotaError> {
-    Quota::per_second(5)?.with_burst(2)
+    Quota::per_second(5).with_burst(2)
 }
 
 /// Starts the stand-in gateway on 127.0.0.1, port 0, and returns its base URL.
 async fn start_gateway() -> Result<String, Box<dyn Error>> {
-    let policy = Policy::new().limit(Limit::new("sms", Global::default(), gateway_quota()?));
+    let policy = Limits::new().limit(Limit::new("sms", Global::default(), gateway_quota()?));
     let app = Router::new()
         .route("/send", post(|| async { "queued\n" }))
         .layer(RateLimitLayer::new(MemoryStore::new(), policy)?);
@@ -96,7 +96,7 @@ async fn main() -> Result<(), BoxError> {
     tokio::time::sleep(Duration::from_secs(1)).await; // let the gateway's bucket refill
 
     // Our side: 5 per second, one at a time, never more than 5 s of waiting.
-    let pacer = OutboundLimitLayer::builder(Quota::per_second(5)?.with_burst(1)?)
+    let pacer = OutboundLimitLayer::builder(Quota::per_second(5).with_burst(1)?)
         .max_delay(Duration::from_secs(5))
         .build();
     let paced = send_all(pacer.layer(http), &url, 10).await?;

@@ -7,6 +7,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use flowgate::http::answer::AnswerKind;
 use tonic::{Request, Response, Status};
 
 use super::{Service, rls};
@@ -26,6 +27,14 @@ impl Rls {
     }
 }
 
+/// The gRPC status for a store that could not answer (Envoy then applies `failure_mode_deny`).
+pub(crate) fn store_status(kind: AnswerKind) -> Status {
+    match kind {
+        AnswerKind::Failed => Status::internal("the rate-limit store failed"),
+        _ => Status::unavailable("the rate-limit store is unavailable"),
+    }
+}
+
 #[tonic::async_trait]
 impl RateLimitService for Rls {
     async fn should_rate_limit(
@@ -34,16 +43,13 @@ impl RateLimitService for Rls {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (domain, descriptors, hits) =
             rls::parse_request(request.into_inner()).map_err(|e| Status::invalid_argument(e.0))?;
-        if self.service.is_noop() {
-            return Ok(Response::new(rls::noop_response(descriptors.len())));
-        }
         let active = self.service.active();
         let verdict = self
             .service
             .decide(&active, Api::Grpc, &domain, &descriptors, hits)
             .await;
-        rls::response(&verdict)
+        rls::response(&verdict, active.answer(&verdict))
             .map(Response::new)
-            .map_err(|e| Status::unavailable(e.to_string()))
+            .map_err(store_status)
     }
 }

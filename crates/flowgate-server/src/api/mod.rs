@@ -1,8 +1,11 @@
 //! The service's APIs: [`grpc`] (Envoy RLS v3) and [`http`] (`/json`, `/v1/check`, health,
-//! metrics, config), over one shared [`Service`].
+//! metrics, config), over one shared [`Service`]; [`answer`] renders every decision; [`noop`]
+//! is the benchmark baseline, a separate service that production handlers know nothing of.
 
+pub mod answer;
 pub mod grpc;
 pub mod http;
+pub mod noop;
 mod problem;
 pub mod rls;
 
@@ -10,8 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use ::http::HeaderValue;
 use arc_swap::ArcSwap;
-use flowgate::policy::descriptor::{Descriptor, Verdict};
+use flowgate::envoy::{Descriptor, Verdict};
+use flowgate::http::answer::Answer;
 
 use crate::backend::Backend;
 
@@ -27,6 +32,24 @@ pub struct Active {
     pub version: u64,
     /// Each rule's metric counters, by rule id.
     counters: Vec<RuleCounters>,
+    /// Each rule's `RateLimit-Policy` item, by rule id (formatted once per configuration).
+    items: Vec<HeaderValue>,
+}
+
+impl Active {
+    fn new(policy: Policy, version: u64, metrics: &Metrics) -> Self {
+        Active {
+            counters: metrics.rule_counters(policy.rules.rules()),
+            items: answer::policy_items(policy.rules.rules()),
+            policy,
+            version,
+        }
+    }
+
+    /// The client-visible answer to `verdict` (decided under this configuration).
+    pub fn answer(&self, verdict: &Verdict<'_>) -> Answer {
+        answer::answer(verdict, &self.items)
+    }
 }
 
 /// Everything the APIs share: the running policy, the store and the metrics.
@@ -39,15 +62,12 @@ pub struct Service {
     metrics: Metrics,
     /// The last version handed out.
     version: AtomicU64,
-    /// Benchmark baseline: parse requests and answer in the same shape, deciding nothing.
-    noop: bool,
 }
 
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service")
             .field("active", &self.active)
-            .field("noop", &self.noop)
             .finish_non_exhaustive()
     }
 }
@@ -56,35 +76,17 @@ impl Service {
     /// A service enforcing `policy`, counting in `backend`.
     pub fn new(policy: Policy, backend: Backend) -> Self {
         let mut metrics = Metrics::new();
-        if let Backend::Shared(store) = &backend {
-            let store = store.clone();
-            metrics.watch_fallback(move || store.stats());
+        if backend.fallback_stats().is_some() {
+            let backend = backend.clone();
+            metrics.watch_fallback(move || backend.fallback_stats().unwrap_or_default());
         }
-        let counters = metrics.rule_counters(policy.rules.rules());
         metrics.set_version(1);
         Service {
-            active: ArcSwap::from_pointee(Active {
-                policy,
-                version: 1,
-                counters,
-            }),
+            active: ArcSwap::from_pointee(Active::new(policy, 1, &metrics)),
             backend,
             metrics,
             version: AtomicU64::new(1),
-            noop: false,
         }
-    }
-
-    /// The same service as a benchmark baseline: requests are parsed and answered in the same
-    /// shape (every descriptor `OK`), but nothing is matched, counted or recorded.
-    pub fn into_noop(mut self) -> Self {
-        self.noop = true;
-        self
-    }
-
-    /// Whether this is the no-op baseline.
-    pub fn is_noop(&self) -> bool {
-        self.noop
     }
 
     /// The running policy.
@@ -112,10 +114,14 @@ impl Service {
         hits_addend: u64,
     ) -> Verdict<'a> {
         let started = Instant::now();
-        let verdict = self
-            .backend
-            .check(&active.policy.rules, domain, descriptors, hits_addend)
-            .await;
+        let verdict = flowgate::envoy::check(
+            &active.policy.rules,
+            self.backend.store(),
+            domain,
+            descriptors,
+            hits_addend,
+        )
+        .await;
         for (result, request) in verdict.descriptors.iter().zip(descriptors) {
             self.metrics
                 .record(domain, result, &active.counters, || detail_name(request));
@@ -156,17 +162,13 @@ impl reload::Target for Service {
 
     fn install(&self, policy: Policy) {
         let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
-        let counters = self.metrics.rule_counters(policy.rules.rules());
         tracing::info!(
             version,
             rules = policy.rules.rules().len(),
             "configuration reloaded"
         );
-        self.active.store(Arc::new(Active {
-            policy,
-            version,
-            counters,
-        }));
+        self.active
+            .store(Arc::new(Active::new(policy, version, &self.metrics)));
         self.metrics.reloaded(true, version);
     }
 

@@ -1,6 +1,7 @@
-//! RFC 9457 problem details (`application/problem+json`) for errors of the HTTP API: the
-//! library's [`flowgate::http::problem::Problem`] (the same body the tower layer and the
-//! gateway send), with the service's two problem types.
+//! RFC 9457 problem details (`application/problem+json`) for malformed requests to the HTTP
+//! API: the library's [`flowgate::http::problem::Problem`] (the same body the tower layer and
+//! the gateway send) with the service's `bad-request` type. Store failures are rendered by
+//! the one renderer ([`flowgate::http::answer`]).
 
 use axum::response::{IntoResponse, Response};
 use flowgate::http::problem::Problem as Body;
@@ -17,15 +18,6 @@ impl Problem {
             type_uri: "https://flowgate.dev/problems/bad-request",
             title: "Malformed request".into(),
             ..Body::status(StatusCode::BAD_REQUEST, detail)
-        })
-    }
-
-    /// 503: the store could not be asked.
-    pub(crate) fn unavailable(detail: impl Into<String>) -> Self {
-        Problem(Body {
-            type_uri: "https://flowgate.dev/problems/store-unavailable",
-            title: "The rate-limit store is unavailable".into(),
-            ..Body::status(StatusCode::SERVICE_UNAVAILABLE, detail)
         })
     }
 }

@@ -28,7 +28,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use flowgate::policy::rules::{RuleErrorKind, RuleSet};
+use flowgate::envoy::{RuleErrorKind, RuleSet};
 
 pub use error::{ConfigError, ConfigErrors};
 pub use gateway::GatewayConfig;

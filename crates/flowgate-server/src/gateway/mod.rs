@@ -2,17 +2,18 @@
 //! URL`).
 //!
 //! Each request is turned into descriptors by the running configuration's `gateway` section
-//! ([`GatewayConfig`]) and checked with [`descriptor::check`](flowgate::policy::descriptor::check)
-//! against the live policy and store — the same matching, counters and metrics as the gRPC
-//! and HTTP APIs, so reloads apply at once. Then:
+//! ([`GatewayConfig`]) and checked with [`envoy::check`](flowgate::envoy::check) against the
+//! live policy and store — the same matching, counters and metrics as the gRPC and HTTP APIs,
+//! so reloads apply at once — and answered by the same renderer
+//! ([`Active::answer`](crate::api::Active::answer)). Then:
 //!
 //! * over a limit: `429` with `RateLimit-Policy`, `RateLimit`, `Retry-After` (whole seconds,
 //!   rounded up, never 0), `Cache-Control: no-store` and an `application/problem+json` body;
 //!   the request body is not read and nothing reaches the upstream;
-//! * store failure on an enforced limit: the rule's `fail` mode — `open` forwards the request
-//!   (marked `Flowgate-Fallback: open`), anything else answers `503` (problem+json). With a
-//!   shared store (`--redis`) the store's fallback decides instead, by the same `fail` modes
-//!   (`closed` → 429, `local` → this instance's share), marked `Flowgate-Fallback: <mode>`;
+//! * the shared store away (`--redis`): each rule's `fail` mode, applied by the store's
+//!   fallback — `open` forwards (`Flowgate-Fallback: open`), `local` decides with this
+//!   instance's share (`Flowgate-Fallback: local`), `closed` answers `503` with `Retry-After`
+//!   (`Flowgate-Fallback: closed`); a store error no mode handled is `503` too;
 //! * allowed: the request is forwarded with its method, path, query, headers and body, minus
 //!   the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via`; bodies stream
 //!   both ways without buffering; the upstream's response gets the `RateLimit` headers;
@@ -32,18 +33,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flowgate::FailMode;
-use flowgate::Quota;
-use flowgate::http::headers::{
-    FLOWGATE_FALLBACK, Report, append_ratelimit_headers, retry_after_secs, set_retry_after,
-};
+use flowgate::envoy::{Descriptor, Entry};
+use flowgate::http::answer::{Answer, AnswerKind};
 use flowgate::http::key::{self, KeyExtractor, KeyRejection, PeerAddr};
 use flowgate::http::problem::Problem;
-use flowgate::policy::descriptor::{Descriptor, Entry, Status, Verdict};
-use flowgate::policy::rules::Rate;
-use flowgate::store::StoreError;
 use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -53,7 +48,7 @@ use tokio::net::TcpListener;
 
 pub use upstream::{Upstream, UpstreamError};
 
-use crate::api::{Service, rls};
+use crate::api::Service;
 use crate::config::gateway::{GatewayConfig, Source};
 use crate::config::{DEFAULT_POLICY_NAME, Policy};
 use crate::metrics::{Api, GatewayOutcome};
@@ -159,108 +154,33 @@ impl Gateway {
                 );
             }
         };
-        let mut limit_headers = HeaderMap::new();
+        let mut answer = None;
         if !descriptors.is_empty() {
             let verdict = self
                 .service
                 .decide(&active, Api::Gateway, &config.domain, &descriptors, 1)
                 .await;
-            match self.judge(&verdict) {
-                Judgement::Limited => return self.limited(&verdict),
-                Judgement::Unavailable(e) => {
-                    return self.problem(
-                        GatewayOutcome::Unavailable,
-                        Problem::status(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("the rate-limit store is unavailable: {e}"),
-                        ),
-                    );
-                }
-                Judgement::Pass { fallback_open } => {
-                    let (quotas, decisions) = counted(&verdict);
-                    append_ratelimit_headers(
-                        &mut limit_headers,
-                        &reports(&quotas, &decisions),
-                        false,
-                    );
-                    let mode = match fallback_open {
-                        true => Some("open"),
-                        // Decided by a shared store's fallback (`--redis` while Redis is away).
-                        false => rls::fallback_mode(&verdict),
-                    };
-                    if let Some(mode) = mode {
-                        limit_headers
-                            .insert(FLOWGATE_FALLBACK.clone(), HeaderValue::from_static(mode));
-                    }
-                }
+            let decided = active.answer(&verdict);
+            if !decided.allowed() {
+                return self.refuse(decided);
             }
+            answer = Some(decided);
         }
         let timeout = config.upstream_timeout;
         drop(active);
-        self.forward(peer, parts, body, timeout, limit_headers)
-            .await
+        self.forward(peer, parts, body, timeout, answer).await
     }
 
-    /// What the verdict means for the request: a denial wins over a store failure (a known
-    /// answer is the better one); a failed limit then follows its rule's `fail` mode.
-    fn judge(&self, verdict: &Verdict<'_>) -> Judgement {
-        if verdict
-            .descriptors
-            .iter()
-            .any(|d| !d.allows() && (d.over_limit() || matches!(d.status, Status::Checked(_))))
-        {
-            return Judgement::Limited;
-        }
-        let mut fallback_open = false;
-        for d in &verdict.descriptors {
-            let Status::Failed(e) = &d.status else {
-                continue;
-            };
-            if d.allows() {
-                continue; // shadow mode
-            }
-            if d.applied.and_then(|a| a.fail()) == Some(FailMode::Open) {
-                fallback_open = true;
-            } else {
-                self.service.metrics().fallback_decision(FailMode::Closed);
-                return Judgement::Unavailable(e.clone());
-            }
-        }
-        if fallback_open {
-            self.service.metrics().fallback_decision(FailMode::Open);
-        }
-        Judgement::Pass { fallback_open }
-    }
-
-    /// The 429 for a denied verdict.
-    fn limited(&self, verdict: &Verdict<'_>) -> Response<Body> {
-        let denials = verdict
-            .descriptors
-            .iter()
-            .filter(|d| !d.allows())
-            .filter_map(|d| match &d.status {
-                Status::Checked(decision) => Some(decision),
-                _ => None,
-            });
-        let secs = retry_after_secs(denials);
-        let violated = verdict
-            .descriptors
-            .iter()
-            .filter(|d| !d.allows())
-            .filter_map(|d| d.applied.as_ref().map(|a| rls::limit_name(a).to_owned()))
-            .collect();
-        let mut response = Problem::quota_exceeded(violated, secs).into_response();
-        let (quotas, decisions) = counted(verdict);
-        append_ratelimit_headers(response.headers_mut(), &reports(&quotas, &decisions), false);
-        set_retry_after(response.headers_mut(), secs);
-        if let Some(mode) = rls::fallback_mode(verdict) {
-            response
-                .headers_mut()
-                .insert(FLOWGATE_FALLBACK.clone(), HeaderValue::from_static(mode));
-        }
-        self.service
-            .metrics()
-            .gateway_response(GatewayOutcome::Limited);
+    /// The 429 (or 503, 500) an answer that does not allow stands for.
+    fn refuse(&self, answer: Answer) -> Response<Body> {
+        let outcome = match answer.kind() {
+            AnswerKind::Limited => GatewayOutcome::Limited,
+            _ => GatewayOutcome::Unavailable,
+        };
+        self.service.metrics().gateway_response(outcome);
+        let response = answer.refusal(false).unwrap_or_else(|| {
+            Problem::status(StatusCode::INTERNAL_SERVER_ERROR, "no refusal").into_response()
+        });
         response.map(|b| Either::Right(Full::new(b)))
     }
 
@@ -270,14 +190,14 @@ impl Gateway {
         problem.into_response().map(|b| Either::Right(Full::new(b)))
     }
 
-    /// Sends the request upstream and streams the response back with `limit_headers` added.
+    /// Sends the request upstream and streams the response back with the answer's fields added.
     async fn forward(
         &self,
         peer: SocketAddr,
         mut parts: Parts,
         body: Incoming,
         timeout: Duration,
-        limit_headers: HeaderMap,
+        answer: Option<Answer>,
     ) -> Response<Body> {
         // Origin form (`/path?query`): the upstream is a server, not a proxy.
         parts.uri = match parts.uri.path_and_query() {
@@ -326,29 +246,14 @@ impl Gateway {
         // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
-        for (name, value) in limit_headers {
-            if let Some(name) = name {
-                parts.headers.append(name, value);
-            }
+        if let Some(answer) = answer {
+            answer.apply(&mut parts.headers);
         }
         self.service
             .metrics()
             .gateway_response(GatewayOutcome::Forwarded);
         Response::from_parts(parts, Either::Left(body))
     }
-}
-
-/// What to do with a request after the decision.
-enum Judgement {
-    /// Forward it; `fallback_open` when a failed store was ignored by `fail: open`.
-    Pass {
-        /// Whether a fail-open rule let it through.
-        fallback_open: bool,
-    },
-    /// 429.
-    Limited,
-    /// 503: an enforced limit's store failed and the rule fails closed.
-    Unavailable(StoreError),
 }
 
 /// The descriptors of a request under `config`. A descriptor with an entry whose source the
@@ -393,39 +298,6 @@ fn value_of(
         Source::JwtClaim(claim) => claim.extract(parts).ok(),
         Source::Generic(value) => Some(value.clone()),
     })
-}
-
-/// The quotas and decisions of every counted limit of `verdict`, for the `RateLimit` headers.
-/// Blocked rules (`requests_per_unit: 0`) have no quota to advertise and are left out (their
-/// denial still sets `Retry-After`).
-fn counted<'v>(verdict: &'v Verdict<'_>) -> (Vec<(&'v str, Quota)>, Vec<&'v flowgate::Decision>) {
-    let mut quotas = Vec::new();
-    let mut decisions = Vec::new();
-    for d in &verdict.descriptors {
-        if let (Some(applied), Status::Checked(decision)) = (&d.applied, &d.status)
-            && let Rate::Limited(quota) = applied.rate()
-        {
-            quotas.push((rls::limit_name(applied), quota));
-            decisions.push(decision);
-        }
-    }
-    (quotas, decisions)
-}
-
-/// [`Report`]s over [`counted`]'s lists.
-fn reports<'a>(
-    quotas: &'a [(&'a str, Quota)],
-    decisions: &'a [&'a flowgate::Decision],
-) -> Vec<Report<'a>> {
-    quotas
-        .iter()
-        .zip(decisions)
-        .map(|((name, quota), decision)| Report {
-            name,
-            quota,
-            decision,
-        })
-        .collect()
 }
 
 /// Serves `gateway` on `listener` until `shutdown` completes; then stops accepting and waits

@@ -14,14 +14,14 @@ use super::State;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
     /// The window's index: its start divided by the period.
-    pub window: u64,
+    pub(crate) window: u64,
     /// Units granted in that window.
-    pub count: u64,
+    pub(crate) count: u64,
 }
 
 impl State for FixedWindow {
     #[inline]
-    fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+    fn check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
         let period = quota.period_nanos();
         let limit = quota.limit();
         // A lagging `now` may fall in an earlier window than the state's: stay in the state's.
@@ -30,14 +30,14 @@ impl State for FixedWindow {
         let window_end = (window + 1) * period;
         let until_end = window_end.saturating_sub(now);
         if count.saturating_add(cost) > limit {
-            return Decision::deny(limit, limit.saturating_sub(count), until_end, until_end);
+            return Decision::deny(quota, limit.saturating_sub(count), until_end, until_end);
         }
         let count = count + cost;
         if cost > 0 {
             *self = FixedWindow { window, count };
         }
         let reset = if count == 0 { 0 } else { until_end };
-        Decision::allow(limit, limit - count, reset)
+        Decision::allow(quota, limit - count, reset)
     }
 
     #[inline]
@@ -64,17 +64,16 @@ mod tests {
     #[test]
     fn boundary_lets_two_windows_worth_through_back_to_back() {
         let q = Quota::per_second(5)
-            .unwrap()
             .with_algorithm(crate::Algorithm::FixedWindow)
             .unwrap();
         let mut s = FixedWindow::default();
         let end_of_window = 7_999_000_000;
         for _ in 0..5 {
-            assert!(s.acquire(&q, 1, end_of_window).allowed);
+            assert!(s.check(&q, 1, end_of_window).allowed);
         }
-        assert!(!s.acquire(&q, 1, end_of_window).allowed);
+        assert!(!s.check(&q, 1, end_of_window).allowed);
         for _ in 0..5 {
-            assert!(s.acquire(&q, 1, end_of_window + 1_000_000).allowed);
+            assert!(s.check(&q, 1, end_of_window + 1_000_000).allowed);
         }
     }
 }

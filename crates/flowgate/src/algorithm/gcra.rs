@@ -16,15 +16,15 @@ use super::{Reserve, State};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Gcra {
     /// The instant the bucket is full again; at or before `now` means it is full.
-    pub tat: Nanos,
+    pub(crate) tat: Nanos,
 }
 
 impl Gcra {
-    /// The lean form of [`State::acquire`]: grants `cost` units (`Ok`) or says how long until
+    /// The lean form of [`State::check`]: grants `cost` units (`Ok`) or says how long until
     /// they would be granted (`Err`, in nanoseconds), computing nothing else. This is all the
-    /// in-process fast path needs.
+    /// limiters' `try_check` needs.
     #[inline]
-    pub fn try_acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Result<(), Nanos> {
+    pub(crate) fn try_check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Result<(), Nanos> {
         let base = self.tat.max(now);
         let needed = base - now + cost.saturating_mul(quota.interval_nanos());
         if needed > quota.tolerance_nanos() {
@@ -39,7 +39,7 @@ impl Gcra {
 
 impl State for Gcra {
     #[inline]
-    fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+    fn check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
         let interval = quota.interval_nanos();
         let tolerance = quota.tolerance_nanos();
         let base = self.tat.max(now);
@@ -48,17 +48,12 @@ impl State for Gcra {
         let needed = pending + cost.saturating_mul(interval);
         if needed > tolerance {
             let free = tolerance.saturating_sub(pending);
-            return Decision::deny(
-                quota.limit(),
-                quota.units_in(free),
-                pending,
-                needed - tolerance,
-            );
+            return Decision::deny(quota, quota.units_in(free), pending, needed - tolerance);
         }
         if cost > 0 {
             self.tat = now + needed;
         }
-        Decision::allow(quota.limit(), quota.units_in(tolerance - needed), needed)
+        Decision::allow(quota, quota.units_in(tolerance - needed), needed)
     }
 
     #[inline]
@@ -103,31 +98,31 @@ mod tests {
 
     #[test]
     fn burst_then_one_per_interval() {
-        let q = Quota::per_second(10).unwrap(); // T = 100 ms, τ = 1 s
+        let q = Quota::per_second(10); // T = 100 ms, τ = 1 s
         let mut s = Gcra::default();
         let now = 1_000 * MS;
         for left in (0..10).rev() {
-            let d = s.acquire(&q, 1, now);
+            let d = s.check(&q, 1, now);
             assert!(d.allowed);
             assert_eq!(d.remaining, left);
         }
-        let d = s.acquire(&q, 1, now);
+        let d = s.check(&q, 1, now);
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Duration::from_millis(100));
         assert_eq!(d.reset_after, Duration::from_secs(1));
-        assert!(s.acquire(&q, 1, now + 100 * MS).allowed);
+        assert!(s.check(&q, 1, now + 100 * MS).allowed);
     }
 
     #[test]
     fn refund_gives_units_back_but_never_beyond_full() {
-        let q = Quota::per_second(10).unwrap();
+        let q = Quota::per_second(10);
         let mut s = Gcra::default();
         let now = 5_000 * MS;
-        s.acquire(&q, 4, now);
+        let _ = s.check(&q, 4, now);
         s.refund(&q, 3, now);
-        assert_eq!(s.acquire(&q, 0, now).remaining, 9);
+        assert_eq!(s.check(&q, 0, now).remaining, 9);
         s.refund(&q, 100, now);
         assert_eq!(s.tat, now);
-        assert_eq!(s.acquire(&q, 0, now).remaining, 10);
+        assert_eq!(s.check(&q, 0, now).remaining, 10);
     }
 }

@@ -19,9 +19,9 @@ use super::{Reserve, State};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct LeakyBucket {
     /// The level at `updated`, in nanoseconds of drain time (`units × T`).
-    pub level: Nanos,
+    pub(crate) level: Nanos,
     /// When `level` was last computed.
-    pub updated: Nanos,
+    pub(crate) updated: Nanos,
 }
 
 impl LeakyBucket {
@@ -33,25 +33,20 @@ impl LeakyBucket {
 
 impl State for LeakyBucket {
     #[inline]
-    fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+    fn check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
         let interval = quota.interval_nanos();
         let capacity = quota.tolerance_nanos();
         let level = self.drained(now);
         let filled = level + cost.saturating_mul(interval);
         if filled > capacity {
             let free = capacity.saturating_sub(level);
-            return Decision::deny(
-                quota.limit(),
-                quota.units_in(free),
-                level,
-                filled - capacity,
-            );
+            return Decision::deny(quota, quota.units_in(free), level, filled - capacity);
         }
         if cost > 0 {
             self.level = filled;
             self.updated = self.updated.max(now);
         }
-        Decision::allow(quota.limit(), quota.units_in(capacity - filled), filled)
+        Decision::allow(quota, quota.units_in(capacity - filled), filled)
     }
 
     #[inline]
@@ -93,12 +88,12 @@ mod tests {
 
     #[test]
     fn drains_at_the_rate() {
-        let q = Quota::per_second(2).unwrap(); // T = 500 ms, capacity 1 s
+        let q = Quota::per_second(2); // T = 500 ms, capacity 1 s
         let mut s = LeakyBucket::default();
         let t0 = 10_000_000_000;
-        assert!(s.acquire(&q, 2, t0).allowed);
-        assert!(!s.acquire(&q, 1, t0).allowed);
-        let d = s.acquire(&q, 1, t0 + 500_000_000);
+        assert!(s.check(&q, 2, t0).allowed);
+        assert!(!s.check(&q, 1, t0).allowed);
+        let d = s.check(&q, 1, t0 + 500_000_000);
         assert!(d.allowed);
         assert_eq!(d.remaining, 0);
         assert_eq!(s.idle_at(&q), t0 + 1_500_000_000);

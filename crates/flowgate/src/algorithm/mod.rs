@@ -1,6 +1,6 @@
 //! The five algorithms, each a compact state and a pure transition.
 //!
-//! Every state implements [`State`]: `acquire(&mut state, quota, cost, now) -> Decision` is the
+//! Every state implements [`State`]: `check(&mut state, quota, cost, now) -> Decision` is the
 //! whole algorithm. It changes the state only when it grants a cost above zero, so a denied
 //! request consumes nothing and a cost of 0 is a side-effect-free peek. No state reads a clock:
 //! time comes in as `now`, which makes every transition replayable from a trace (see the
@@ -34,7 +34,7 @@ use crate::quota::Quota;
 pub trait State: Default + Clone + Send + Sync + 'static {
     /// Asks for `cost` units at `now`. Grants them and updates the state if they fit;
     /// otherwise leaves the state unchanged.
-    fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision;
+    fn check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision;
 
     /// Gives back `units` taken earlier (a cancelled reservation, a request that another limit
     /// denied). Never replenishes beyond a fresh state.

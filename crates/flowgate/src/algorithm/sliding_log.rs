@@ -52,7 +52,7 @@ impl SlidingLog {
 }
 
 impl State for SlidingLog {
-    fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+    fn check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
         let period = quota.period_nanos();
         let limit = quota.limit();
         // A lagging `now` is treated as the newest grant's time: nothing expires early.
@@ -71,13 +71,13 @@ impl State for SlidingLog {
                 }
             }
             let reset = self.reset_after(period, now);
-            return Decision::deny(limit, limit.saturating_sub(self.total), reset, retry);
+            return Decision::deny(quota, limit.saturating_sub(self.total), reset, retry);
         }
         if cost > 0 {
             self.entries.push_back((stamp, cost));
             self.total += cost;
         }
-        Decision::allow(limit, limit - self.total, self.reset_after(period, now))
+        Decision::allow(quota, limit - self.total, self.reset_after(period, now))
     }
 
     fn refund(&mut self, _quota: &Quota, mut units: u64, _now: Nanos) {
@@ -116,14 +116,14 @@ mod tests {
             .unwrap();
         let mut s = SlidingLog::default();
         let s1 = 1_000_000_000;
-        assert!(s.acquire(&q, 1, 100 * s1).allowed);
-        assert!(s.acquire(&q, 2, 104 * s1).allowed);
-        let d = s.acquire(&q, 1, 105 * s1);
+        assert!(s.check(&q, 1, 100 * s1).allowed);
+        assert!(s.check(&q, 2, 104 * s1).allowed);
+        let d = s.check(&q, 1, 105 * s1);
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Duration::from_secs(5));
         assert_eq!(d.reset_after, Duration::from_secs(9));
         // At exactly 110 s the first grant leaves the window (t + period ≤ now).
-        assert!(s.acquire(&q, 1, 110 * s1).allowed);
+        assert!(s.check(&q, 1, 110 * s1).allowed);
         assert_eq!(s.entries().len(), 2);
         s.refund(&q, 2, 110 * s1);
         assert_eq!(s.total(), 1);

@@ -20,11 +20,11 @@ use super::State;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct SlidingWindow {
     /// Index of the current window (its start divided by the period).
-    pub window: u64,
+    pub(crate) window: u64,
     /// Units granted in the current window.
-    pub current: u64,
+    pub(crate) current: u64,
     /// Units granted in the window before it.
-    pub previous: u64,
+    pub(crate) previous: u64,
 }
 
 impl SlidingWindow {
@@ -52,7 +52,7 @@ impl SlidingWindow {
 }
 
 impl State for SlidingWindow {
-    fn acquire(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+    fn check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
         let p = quota.period_nanos();
         let limit = quota.limit();
         let (state, elapsed) = self.rolled(p, now);
@@ -68,7 +68,7 @@ impl State for SlidingWindow {
             let remaining = (capacity.saturating_sub(used) / p128) as u64;
             let reset = lag + reset_after(&state, p, elapsed);
             let retry = lag + retry_after(&state, limit, p, elapsed, cost);
-            return Decision::deny(limit, remaining, reset, retry);
+            return Decision::deny(quota, remaining, reset, retry);
         }
         let mut next = state;
         next.current += cost;
@@ -76,7 +76,7 @@ impl State for SlidingWindow {
             *self = next;
         }
         let remaining = ((capacity - wanted) / p128) as u64;
-        Decision::allow(limit, remaining, lag + reset_after(&next, p, elapsed))
+        Decision::allow(quota, remaining, lag + reset_after(&next, p, elapsed))
     }
 
     fn refund(&mut self, quota: &Quota, units: u64, now: Nanos) {
@@ -154,17 +154,17 @@ mod tests {
         let q = quota(10, 10);
         let mut s = SlidingWindow::default();
         let s10 = 10_000_000_000;
-        assert!(s.acquire(&q, 10, s10 + 5_000_000_000).allowed); // window 1 full
+        assert!(s.check(&q, 10, s10 + 5_000_000_000).allowed); // window 1 full
         // 25% into window 2: previous weighs 7.5 → 2 units fit.
         let t = 2 * s10 + 2_500_000_000;
-        let d = s.acquire(&q, 0, t);
+        let d = s.check(&q, 0, t);
         assert_eq!(d.remaining, 2);
-        assert!(s.acquire(&q, 2, t).allowed);
-        let d = s.acquire(&q, 1, t);
+        assert!(s.check(&q, 2, t).allowed);
+        let d = s.check(&q, 1, t);
         assert!(!d.allowed);
         // prev × (p − e) ≤ (10 − 2 − 1)·p  ⇒  e ≥ 3 s: retry after 0.5 s.
         assert_eq!(d.retry_after, Duration::from_millis(500));
-        assert!(s.acquire(&q, 1, t + 500_000_000).allowed);
+        assert!(s.check(&q, 1, t + 500_000_000).allowed);
     }
 
     #[test]
@@ -172,8 +172,8 @@ mod tests {
         let q = quota(4, 1);
         let mut s = SlidingWindow::default();
         let t = 5_000_000_000;
-        assert!(s.acquire(&q, 4, t).allowed);
-        let d = s.acquire(&q, 2, t);
+        assert!(s.check(&q, 4, t).allowed);
+        let d = s.check(&q, 2, t);
         // Next window: previous = 4 must weigh ≤ 2 ⇒ half-way into it.
         assert_eq!(d.retry_after, Duration::from_millis(1500));
         assert_eq!(d.reset_after, Duration::from_secs(2));

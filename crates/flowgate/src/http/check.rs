@@ -1,7 +1,8 @@
 //! The check itself: a request's limits asked of the store, and the answer turned into either
-//! headers for the passing response or a response of its own (429, 503, 500). A single limit
-//! in a store that answers at once is decided without waiting ([`Shared::decide`]); anything
-//! else goes through the store's futures ([`Shared::check`]).
+//! headers for the passing response or a response of its own (429, 503, 500), by the one
+//! renderer ([`Answer`]). A single limit in a store that answers at once is decided without
+//! waiting ([`Shared::decide`]); anything else goes through the store's futures
+//! ([`Shared::check`]).
 
 use std::sync::Arc;
 
@@ -10,22 +11,19 @@ use http::header::{HeaderMap, HeaderValue, WWW_AUTHENTICATE};
 use http::request::Parts;
 use http::{Response, StatusCode};
 
-use super::headers::{Fields, FieldsBuilder, set_retry_after};
+use super::answer::{Answer, AnswerKind, LimitReport};
 use super::key::KeyRejection;
-use super::policy::{Applied, Policy};
+use super::limits::{Limits, Selected};
 use super::problem::Problem;
 use super::scratch::with_buffer;
 use super::stats::{RateLimitStats, bump};
-use crate::decision::{Decision, FailMode};
-use crate::policy::acquire_all;
-use crate::store::{Acquire, Store, StoreError};
+use crate::decision::FailMode;
+use crate::limits::check_all;
+use crate::store::{Ask, Store};
 
 /// How the layer behaves; fixed when it is built.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Options {
-    /// What a transient store error does: `Open` lets the request through (marked with
-    /// `Flowgate-Fallback: open`), anything else answers 503.
-    pub(crate) on_store_error: FailMode,
     /// Whether to add `X-RateLimit-Limit/Remaining/Reset`.
     pub(crate) legacy_headers: bool,
 }
@@ -35,39 +33,21 @@ pub(crate) struct Shared<St> {
     /// Where the counters live.
     pub(crate) store: St,
     /// The limits.
-    pub(crate) policy: Policy,
+    pub(crate) limits: Limits,
     /// Behaviour.
     pub(crate) options: Options,
     /// Outcome counters.
     pub(crate) stats: Arc<RateLimitStats>,
 }
 
-/// What becomes of a request.
-pub(crate) enum Verdict {
-    /// Call the inner service and add these fields to its response.
-    Pass(Fields),
+/// Where a request stands.
+pub(crate) enum Step {
+    /// Call the inner service and add the answer's fields to its response.
+    Pass(Answer),
     /// Answer with this response instead.
-    Answer(Response<Bytes>),
-}
-
-/// What the layer knows about a request before any waiting.
-pub(crate) enum Decided {
-    /// The verdict is in: the store answered at once (or nothing needed asking).
-    Now(Verdict),
+    Refuse(Response<Bytes>),
     /// These limits must be asked of the store asynchronously ([`Shared::check`]).
-    Later(Vec<Applied>),
-}
-
-/// One limit's part in a verdict: what the store said, and what is needed to report it.
-struct Ruling<'a> {
-    /// The limit's name.
-    name: &'a str,
-    /// Its `RateLimit-Policy` item.
-    policy_item: &'a HeaderValue,
-    /// Whether it may deny.
-    enforced: bool,
-    /// The store's answer.
-    result: &'a Result<Decision, StoreError>,
+    AskStore(Vec<Selected>),
 }
 
 /// Whether a request speaks gRPC, so that refusals are sent as gRPC statuses.
@@ -77,21 +57,17 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The response for `problem`, as problem+json or as a gRPC status.
-fn answer(problem: Problem, grpc: bool) -> Response<Bytes> {
-    if grpc {
-        problem.into_grpc_response()
-    } else {
-        problem.into_response()
-    }
-}
-
 impl<St: Store> Shared<St> {
     /// The response for a request whose key could not be extracted.
     pub(crate) fn reject(&self, rejection: KeyRejection, grpc: bool) -> Response<Bytes> {
         bump(&self.stats.rejected);
         let unauthorized = rejection.status == StatusCode::UNAUTHORIZED;
-        let mut response = answer(Problem::status(rejection.status, rejection.detail), grpc);
+        let problem = Problem::status(rejection.status, rejection.detail);
+        let mut response = if grpc {
+            problem.into_grpc_response()
+        } else {
+            problem.into_response()
+        };
         if unauthorized {
             response
                 .headers_mut()
@@ -100,168 +76,93 @@ impl<St: Store> Shared<St> {
         response
     }
 
-    /// Decides a request without waiting when it can: a policy of one limit, in a store that
-    /// answers at once (the memory store), is decided here with no allocation but the
-    /// response's `RateLimit` value. Everything else is left to [`check`](Self::check).
-    pub(crate) fn decide(&self, parts: &Parts) -> Decided {
-        let Some(limit) = self.policy.single() else {
-            return match self.policy.apply(parts) {
-                Ok(applied) if applied.is_empty() => Decided::Now(Verdict::Pass(Fields::default())),
-                Ok(applied) => Decided::Later(applied),
-                Err(rejection) => Decided::Now(Verdict::Answer(
-                    self.reject(rejection, is_grpc(&parts.headers)),
-                )),
+    /// Decides a request without waiting when it can: one limit, in a store that answers at
+    /// once (the memory store), is decided here with no allocation but the response's
+    /// `RateLimit` value. Everything else is left to [`check`](Self::check).
+    pub(crate) fn decide(&self, parts: &Parts) -> Step {
+        let Some(limit) = self.limits.single() else {
+            return match self.limits.select(parts) {
+                Ok(selected) if selected.is_empty() => Step::Pass(Answer::empty()),
+                Ok(selected) => Step::AskStore(selected),
+                Err(rejection) => Step::Refuse(self.reject(rejection, is_grpc(&parts.headers))),
             };
         };
         with_buffer(|buffer| {
-            let priced = match limit.select(parts, buffer) {
-                Ok(Some(priced)) => priced,
-                Ok(None) => return Decided::Now(Verdict::Pass(Fields::default())),
+            let tier = match limit.select(parts, buffer) {
+                Ok(Some(tier)) => tier,
+                Ok(None) => return Step::Pass(Answer::empty()),
                 Err(rejection) => {
-                    let response = self.reject(rejection, is_grpc(&parts.headers));
-                    return Decided::Now(Verdict::Answer(response));
+                    return Step::Refuse(self.reject(rejection, is_grpc(&parts.headers)));
                 }
             };
-            let Some(result) = self
-                .store
-                .try_acquire_now(buffer, &priced.quota, limit.units())
-            else {
-                return Decided::Later(vec![limit.applied(buffer.clone(), priced)]);
+            let ask = Ask::new(buffer, &tier.quota)
+                .cost(limit.units())
+                .fail(limit.fail_mode());
+            let Some(result) = self.store.check_now(ask) else {
+                return Step::AskStore(vec![limit.selected(buffer.clone(), tier)]);
             };
-            let ruling = Ruling {
+            let report = LimitReport {
                 name: limit.name(),
-                policy_item: &priced.item,
+                policy_item: &tier.item,
                 enforced: limit.enforced(),
                 result: &result,
             };
             // The store key is spent: the buffer now takes the `RateLimit` value.
-            let verdict = self.judge([ruling], || is_grpc(&parts.headers), buffer);
-            Decided::Now(verdict)
+            let answer = Answer::with_buffer([report], self.options.legacy_headers, buffer);
+            self.finish(answer, || is_grpc(&parts.headers))
         })
     }
 
-    /// Asks the store for every applied limit at once and decides.
-    pub(crate) async fn check(self: Arc<Self>, applied: Vec<Applied>, grpc: bool) -> Verdict {
-        let one;
-        let outcome;
-        let results = if let [limit] = applied.as_slice() {
-            // One limit: nothing to refund, no batch to build.
-            one = self
-                .store
-                .acquire(&limit.store_key, &limit.quota, limit.cost)
-                .await;
-            std::slice::from_ref(&one)
+    /// Asks the store for every selected limit at once and decides.
+    pub(crate) async fn check(self: Arc<Self>, selected: Vec<Selected>, grpc: bool) -> Step {
+        let asks: Vec<Ask<'_>> = selected
+            .iter()
+            .map(|s| Ask::new(&s.store_key, &s.quota).cost(s.cost).fail(s.fail))
+            .collect();
+        let results = if let [ask] = asks.as_slice() {
+            // One limit: nothing to refund.
+            vec![self.store.check(*ask).await]
         } else {
-            let requests: Vec<Acquire<'_>> = applied
-                .iter()
-                .map(|a| Acquire {
-                    key: &a.store_key,
-                    quota: &a.quota,
-                    cost: a.cost,
-                })
-                .collect();
-            outcome = acquire_all(&self.store, &requests, |i| applied[i].enforced).await;
-            &outcome.results[..]
+            check_all(&self.store, &asks, |i| selected[i].enforced)
+                .await
+                .results
         };
-        let rulings = applied.iter().zip(results).map(|(limit, result)| Ruling {
-            name: &limit.name,
-            policy_item: &limit.policy_item,
-            enforced: limit.enforced,
-            result,
-        });
-        with_buffer(|buffer| self.judge(rulings, || grpc, buffer))
-    }
-
-    /// The verdict on the store's answers; `buffer` is scratch space for the `RateLimit` value.
-    fn judge<'a>(
-        &self,
-        rulings: impl IntoIterator<Item = Ruling<'a>>,
-        grpc: impl FnOnce() -> bool,
-        buffer: &mut String,
-    ) -> Verdict {
-        let mut fields = FieldsBuilder::new(buffer, self.options.legacy_headers);
-        let mut violated = Vec::new();
-        let mut retry_after = 0;
-        let mut fallback: Option<FailMode> = None;
-        let mut unavailable = false;
-        let mut broken = false;
-        for ruling in rulings {
-            if !ruling.enforced {
-                continue;
-            }
-            match ruling.result {
-                // A fallback store that failed closed: the store, not the client, is at fault.
-                Ok(d) if d.fallback == Some(FailMode::Closed) && !d.allowed => unavailable = true,
-                Ok(d) => {
-                    if let Some(mode) = d.fallback {
-                        fallback = fallback.max_by_severity(mode);
-                    }
-                    // Fail-open decisions carry no real counts: leave them out of the headers.
-                    if d.fallback != Some(FailMode::Open) {
-                        fields.push(ruling.policy_item, ruling.name, d);
-                    }
-                    if !d.allowed {
-                        violated.push(ruling.name.to_owned());
-                        retry_after = retry_after.max(d.retry_after_secs());
-                    }
-                }
-                Err(e) if e.is_transient() => match self.options.on_store_error {
-                    FailMode::Open => fallback = fallback.max_by_severity(FailMode::Open),
-                    _ => unavailable = true,
-                },
-                Err(_) => broken = true,
-            }
-        }
-        if !violated.is_empty() {
-            bump(&self.stats.limited);
-            let retry_after = retry_after.max(1);
-            let mut response = answer(Problem::quota_exceeded(violated, retry_after), grpc());
-            fields.build().apply(response.headers_mut());
-            set_retry_after(response.headers_mut(), retry_after);
-            return Verdict::Answer(response);
-        }
-        if broken {
-            bump(&self.stats.store_errors);
-            let problem = Problem::status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the rate-limit store failed",
-            );
-            return Verdict::Answer(answer(problem, grpc()));
-        }
-        if unavailable {
-            bump(&self.stats.unavailable);
-            let problem = Problem::status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the rate-limit store is unavailable",
-            );
-            let mut response = answer(problem, grpc());
-            set_retry_after(response.headers_mut(), 1);
-            return Verdict::Answer(response);
-        }
-        bump(&self.stats.allowed);
-        let mut fields = fields.build();
-        if let Some(mode) = fallback {
-            bump(match mode {
-                FailMode::Local => &self.stats.fail_local,
-                _ => &self.stats.fail_open,
+        let reports = selected
+            .iter()
+            .zip(&results)
+            .map(|(s, result)| LimitReport {
+                name: &s.name,
+                policy_item: &s.policy_item,
+                enforced: s.enforced,
+                result,
             });
-            fields.fallback = Some(mode.name());
-        }
-        Verdict::Pass(fields)
+        let answer = Answer::new(reports, self.options.legacy_headers);
+        self.finish(answer, || grpc)
     }
-}
 
-/// Combines the fail modes of several limits: `open` (nothing checked) outranks `local`.
-trait Severity {
-    fn max_by_severity(self, mode: FailMode) -> Option<FailMode>;
-}
-
-impl Severity for Option<FailMode> {
-    fn max_by_severity(self, mode: FailMode) -> Option<FailMode> {
-        match (self, mode) {
-            (Some(FailMode::Open), _) | (_, FailMode::Open) => Some(FailMode::Open),
-            _ => Some(mode),
+    /// Counts the answer and turns it into the request's next step.
+    fn finish(&self, answer: Answer, grpc: impl FnOnce() -> bool) -> Step {
+        let stats = &self.stats;
+        match answer.kind() {
+            AnswerKind::Allowed => {
+                bump(&stats.allowed);
+                match answer.fallback() {
+                    Some(FailMode::Open) => bump(&stats.fail_open),
+                    Some(FailMode::Local) => bump(&stats.fail_local),
+                    _ => {}
+                }
+                return Step::Pass(answer);
+            }
+            AnswerKind::Limited => bump(&stats.limited),
+            AnswerKind::Closed | AnswerKind::Unavailable => bump(&stats.unavailable),
+            _ => bump(&stats.store_errors),
         }
+        // Every answer but `Allowed` refuses.
+        Step::Refuse(
+            answer
+                .refusal(grpc())
+                .unwrap_or_else(super::service::internal_error),
+        )
     }
 }
 
@@ -270,7 +171,7 @@ mod tests {
     use super::*;
     use crate::http::key::Global;
     use crate::http::{Limit, RateLimitLayer};
-    use crate::store::{Acquire, StoreError};
+    use crate::store::{FallbackStore, StoreError};
     use crate::{Decision, Quota};
     use std::time::Duration;
     use tower::{Layer, ServiceExt, service_fn};
@@ -279,11 +180,8 @@ mod tests {
     struct ScriptedStoreDouble(Result<Decision, StoreError>);
 
     impl Store for ScriptedStoreDouble {
-        async fn acquire(&self, _: &str, _: &Quota, _: u64) -> Result<Decision, StoreError> {
+        async fn check(&self, _: Ask<'_>) -> Result<Decision, StoreError> {
             self.0.clone()
-        }
-        async fn acquire_many(&self, r: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
-            r.iter().map(|_| self.0.clone()).collect()
         }
         async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
             Ok(())
@@ -293,19 +191,11 @@ mod tests {
         }
     }
 
-    async fn status_and_headers(
-        result: Result<Decision, StoreError>,
-        mode: FailMode,
+    async fn respond<St: Store + 'static>(
+        store: St,
+        limit: Limit,
     ) -> (StatusCode, HeaderMap, crate::http::StatsSnapshot) {
-        let policy = Policy::new().limit(Limit::new(
-            "all",
-            Global::default(),
-            Quota::per_second(5).unwrap(),
-        ));
-        let layer = RateLimitLayer::builder(ScriptedStoreDouble(result), policy)
-            .on_store_error(mode)
-            .build()
-            .unwrap();
+        let layer = RateLimitLayer::new(store, Limits::new().limit(limit)).unwrap();
         let service = layer.layer(service_fn(|_: http::Request<()>| async {
             Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
         }));
@@ -314,59 +204,75 @@ mod tests {
         (response.status(), response.headers().clone(), stats)
     }
 
+    async fn scripted(
+        result: Result<Decision, StoreError>,
+    ) -> (StatusCode, HeaderMap, crate::http::StatsSnapshot) {
+        let limit = Limit::new("all", Global::default(), Quota::per_second(5));
+        respond(ScriptedStoreDouble(result), limit).await
+    }
+
     fn decision(allowed: bool, fallback: Option<FailMode>) -> Decision {
-        Decision {
-            allowed,
-            limit: 5,
-            remaining: 2,
-            reset_after: Duration::from_millis(600),
-            retry_after: if allowed {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(200)
-            },
-            fallback,
+        let quota = Quota::per_second(5);
+        let d = if allowed {
+            Decision::allow(&quota, 2, 600_000_000)
+        } else {
+            Decision::deny(&quota, 0, 600_000_000, 200_000_000)
+        };
+        match fallback {
+            Some(mode) => d.with_fallback(mode),
+            None => d,
         }
     }
 
     #[tokio::test]
     async fn store_errors_and_fallback_decisions_become_the_right_responses() {
-        let unavailable = Err(StoreError::Unavailable("refused".into()));
         let (status, headers, stats) =
-            status_and_headers(unavailable.clone(), FailMode::Closed).await;
+            scripted(Err(StoreError::Unavailable("refused".into()))).await;
         assert_eq!(status, 503);
         assert_eq!(headers["retry-after"], "1");
+        assert_eq!(headers["cache-control"], "no-store");
         assert_eq!(stats.unavailable, 1);
-        // `local` at the layer cannot decide by itself: like closed.
-        let (status, _, _) = status_and_headers(unavailable.clone(), FailMode::Local).await;
-        assert_eq!(status, 503);
-        let (status, headers, stats) = status_and_headers(unavailable, FailMode::Open).await;
-        assert_eq!(status, 200);
-        assert_eq!(headers["flowgate-fallback"], "open");
-        assert_eq!((stats.allowed, stats.fail_open), (1, 1));
-        // Not transient: fail modes do not apply.
-        let broken = Err(StoreError::Backend("WRONGTYPE".into()));
-        let (status, _, stats) = status_and_headers(broken, FailMode::Open).await;
+        let (status, _, stats) = scripted(Err(StoreError::Backend("WRONGTYPE".into()))).await;
         assert_eq!(status, 500);
         assert_eq!(stats.store_errors, 1);
         // Decisions a fallback store made: local ones are real limits and are shown.
-        let local = Ok(decision(true, Some(FailMode::Local)));
-        let (status, headers, stats) = status_and_headers(local, FailMode::Closed).await;
+        let (status, headers, stats) = scripted(Ok(decision(true, Some(FailMode::Local)))).await;
         assert_eq!(status, 200);
         assert_eq!(headers["flowgate-fallback"], "local");
         assert_eq!(headers["ratelimit"], r#""all";r=2;t=1"#);
         assert_eq!(stats.fail_local, 1);
-        let local_denial = Ok(decision(false, Some(FailMode::Local)));
-        let (status, _, _) = status_and_headers(local_denial, FailMode::Closed).await;
+        let (status, _, _) = scripted(Ok(decision(false, Some(FailMode::Local)))).await;
         assert_eq!(status, 429);
-        let closed = Ok(decision(false, Some(FailMode::Closed)));
-        let (status, _, _) = status_and_headers(closed, FailMode::Open).await;
+        let (status, headers, _) = scripted(Ok(decision(false, Some(FailMode::Closed)))).await;
         assert_eq!(status, 503);
-        let open = Ok(decision(true, Some(FailMode::Open)));
-        let (status, headers, _) = status_and_headers(open, FailMode::Closed).await;
+        assert_eq!(headers["flowgate-fallback"], "closed");
+        let (status, headers, stats) = scripted(Ok(decision(true, Some(FailMode::Open)))).await;
         assert_eq!(status, 200);
         assert_eq!(headers["flowgate-fallback"], "open");
         assert!(headers.get("ratelimit").is_none());
+        assert_eq!(stats.fail_open, 1);
+    }
+
+    #[tokio::test]
+    async fn a_limits_fail_mode_reaches_the_fallback_store() {
+        let down = || {
+            FallbackStore::builder(ScriptedStoreDouble(Err(StoreError::Timeout(
+                Duration::from_millis(50),
+            ))))
+            .fail(FailMode::Closed)
+            .build()
+        };
+        let limit = || Limit::new("all", Global::default(), Quota::per_second(5));
+        let (status, headers, _) = respond(down(), limit()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(headers["flowgate-fallback"], "closed");
+        let (status, headers, _) = respond(down(), limit().fail(FailMode::Open)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["flowgate-fallback"], "open");
+        let (status, headers, _) = respond(down(), limit().fail(FailMode::Local)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["flowgate-fallback"], "local");
+        assert_eq!(headers["ratelimit"], r#""all";r=4;t=1"#);
     }
 
     proptest::proptest! {
@@ -387,8 +293,8 @@ mod tests {
                 .unwrap();
             let clock = crate::clock::ManualClock::new(1_700_000_000_000_000_000);
             let store = crate::store::MemoryStore::builder().clock(clock.clone()).build();
-            let policy = Policy::new().limit(Limit::new("q", Global::default(), quota));
-            let layer = RateLimitLayer::new(store, policy).unwrap();
+            let limits = Limits::new().limit(Limit::new("q", Global::default(), quota));
+            let layer = RateLimitLayer::new(store, limits).unwrap();
             let service = layer.layer(service_fn(|_: http::Request<()>| async {
                 Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
             }));

@@ -1,4 +1,4 @@
-//! Errors of the rate-limit layer: a [`Policy`](super::Policy) that cannot be enforced.
+//! Errors of the rate-limit layer: [`Limits`](super::Limits) that cannot be enforced.
 //!
 //! The layer itself never fails a request with an error: denials, rejected keys and store
 //! failures all become responses (429, 400/401, 503) with problem bodies, so the service's
@@ -6,11 +6,12 @@
 
 use crate::quota::InsufficientCapacity;
 
-/// Why a [`Policy`](super::Policy) was refused when building the layer.
+/// Why [`Limits`](super::Limits) were refused when building the layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PolicyError {
-    /// The policy has no limits.
-    #[error("the policy has no limits")]
+#[non_exhaustive]
+pub enum LimitsError {
+    /// There are no limits.
+    #[error("no limits to enforce")]
     Empty,
     /// A limit's name is not 1–64 of ASCII letters, digits, `-`, `_`, `.`, `/`.
     #[error("limit name `{0}` must be 1-64 ASCII letters, digits, `-`, `_`, `.` or `/`")]
@@ -25,6 +26,15 @@ pub enum PolicyError {
         limit: String,
         /// The tier value.
         tier: String,
+    },
+    /// `tier` or `otherwise` was called on a limit made with `Limit::new` (one quota for every
+    /// key), where it would be ignored.
+    #[error("limit `{limit}` has one quota for every key; `{method}` needs `Limit::tiered`")]
+    NotTiered {
+        /// The limit.
+        limit: String,
+        /// `tier` or `otherwise`.
+        method: &'static str,
     },
     /// A limit's cost exceeds one of its quotas' burst: no request could ever pass.
     #[error("limit `{limit}`: {source}")]

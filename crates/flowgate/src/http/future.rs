@@ -9,15 +9,16 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::answer::Answer;
 use super::body::ResponseBody;
-use super::check::Verdict;
-use super::headers::Fields;
+use super::check::Step;
+use super::service::internal_error;
 
 /// The store's answer, boxed: store futures are opaque types.
-type Check = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+type Check = Pin<Box<dyn Future<Output = Step> + Send>>;
 
 pin_project! {
-    /// The future of a [`RateLimit`](super::RateLimit) call.
+    /// The future of a [`RateLimitService`](super::RateLimitService) call.
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,
@@ -38,11 +39,11 @@ pin_project! {
             check: Check,
             pending: Option<(S, Request<B>)>,
         },
-        /// The inner service is working; its response gets `fields`.
+        /// The inner service is working; its response gets the answer's fields.
         Calling {
             #[pin]
             future: S::Future,
-            fields: Option<Fields>,
+            answer: Option<Answer>,
         },
         /// The layer answered itself.
         Answered {
@@ -61,16 +62,16 @@ impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
         }
     }
 
-    pub(crate) fn call(future: S::Future, fields: Fields) -> Self {
+    pub(crate) fn call(future: S::Future, answer: Answer) -> Self {
         ResponseFuture {
             state: State::Calling {
                 future,
-                fields: Some(fields),
+                answer: Some(answer),
             },
         }
     }
 
-    pub(crate) fn answer(response: Response<Bytes>) -> Self {
+    pub(crate) fn refuse(response: Response<Bytes>) -> Self {
         ResponseFuture {
             state: State::Answered {
                 response: Some(response),
@@ -90,33 +91,32 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Checking { check, pending } => {
-                    let verdict = ready!(check.as_mut().poll(cx));
-                    let next = match (verdict, pending.take()) {
-                        (Verdict::Pass(fields), Some((mut service, request))) => State::Calling {
+                    let step = ready!(check.as_mut().poll(cx));
+                    let next = match (step, pending.take()) {
+                        (Step::Pass(answer), Some((mut service, request))) => State::Calling {
                             future: service.call(request),
-                            fields: Some(fields),
+                            answer: Some(answer),
                         },
-                        (Verdict::Answer(response), _) => State::Answered {
+                        (Step::Refuse(response), _) => State::Answered {
                             response: Some(response),
                         },
-                        // `pending` is only taken here, and the state then changes.
-                        (Verdict::Pass(_), None) => State::Answered { response: None },
+                        // `pending` is only taken here, and the state then changes; `check`
+                        // never leaves a limit to ask.
+                        (Step::Pass(_) | Step::AskStore(_), _) => {
+                            State::Answered { response: None }
+                        }
                     };
                     state.set(next);
                 }
-                StateProj::Calling { future, fields } => {
+                StateProj::Calling { future, answer } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(fields) = fields.take() {
-                        fields.apply(response.headers_mut());
+                    if let Some(answer) = answer.take() {
+                        answer.apply(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
                 StateProj::Answered { response } => {
-                    let response = response.take().unwrap_or_else(|| {
-                        let mut r = Response::new(Bytes::new());
-                        *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-                        r
-                    });
+                    let response = response.take().unwrap_or_else(internal_error);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
             }

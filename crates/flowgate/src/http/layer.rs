@@ -1,30 +1,46 @@
-//! [`RateLimitLayer`]: the tower layer, and its builder.
+//! [`RateLimitLayer`]: the tower layer, its one-line constructors, and its builder.
 
 use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::RateLimit;
+use super::RateLimitService;
 use super::check::{Options, Shared};
-use super::error::PolicyError;
-use super::policy::Policy;
+use super::error::LimitsError;
+use super::key::{ClientIp, Global, PeerIp};
+use super::limits::{Limit, Limits};
 use super::stats::RateLimitStats;
-use crate::decision::FailMode;
-use crate::store::Store;
+use crate::quota::Quota;
+use crate::store::{MemoryStore, Store};
 
-/// Applies a [`Policy`] to every request: a tower [`Layer`] for axum, hyper, tonic and any
-/// other tower stack. See the [module documentation](super) for where to put it.
+/// Applies [`Limits`] to every request: a tower [`Layer`] for axum, hyper, tonic and any other
+/// tower stack. See the [module documentation](super) for where to put it.
+///
+/// The common cases take one line (counters in a [`MemoryStore`]):
 ///
 /// ```
-/// use flowgate::{http::{key::PeerIp, Limit, Policy, RateLimitLayer}, store::MemoryStore, Quota};
+/// use flowgate::{http::RateLimitLayer, Quota};
 ///
-/// let policy = Policy::new().limit(Limit::new("per-ip", PeerIp::new(), Quota::per_second(10)?));
-/// let layer = RateLimitLayer::new(MemoryStore::new(), policy)?;
+/// // 10 requests per second per client IP, X-Forwarded-For believed only from 10.0.0.0/8:
+/// let per_client = RateLimitLayer::per_client_ip(["10.0.0.0/8".parse()?], Quota::per_second(10));
+/// // 1,000 per second for everyone together:
+/// let global = RateLimitLayer::global(Quota::per_second(1_000));
+/// # let _ = (per_client, global);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Anything else — several limits, tiers, costs, another store — goes through [`Limits`]:
+///
+/// ```
+/// use flowgate::{http::{key::PeerIp, Limit, Limits, RateLimitLayer}, store::MemoryStore, Quota};
+///
+/// let limits = Limits::new().limit(Limit::new("per-ip", PeerIp::new(), Quota::per_second(10)));
+/// let layer = RateLimitLayer::new(MemoryStore::new(), limits)?;
 /// # let _ = layer;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RateLimitLayer<St> {
-    /// Store, policy, options and counters, shared by every service the layer makes.
+    /// Store, limits, options and counters, shared by every service the layer makes.
     shared: Arc<Shared<St>>,
 }
 
@@ -39,29 +55,79 @@ impl<St> Clone for RateLimitLayer<St> {
 impl<St> std::fmt::Debug for RateLimitLayer<St> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policy", &self.shared.policy)
+            .field("limits", &self.shared.limits)
             .field("options", &self.shared.options)
             .finish_non_exhaustive()
     }
 }
 
-impl<St: Store> RateLimitLayer<St> {
-    /// Enforces `policy` with counters in `store`, failing closed (503) when the store is
-    /// unavailable. Fails if the policy is empty, has invalid or duplicate names, or a cost no
-    /// quota could ever grant.
-    pub fn new(store: St, policy: Policy) -> Result<Self, PolicyError> {
-        Self::builder(store, policy).build()
+impl RateLimitLayer<MemoryStore> {
+    /// `quota` per connection address (the TCP peer: no proxy is believed), named `per-ip`,
+    /// counted in a new [`MemoryStore`].
+    pub fn per_peer_ip(quota: Quota) -> Self {
+        Self::one(Limit::new("per-ip", PeerIp::new(), quota))
     }
 
-    /// A builder, for the fail mode and legacy headers.
-    pub fn builder(store: St, policy: Policy) -> RateLimitLayerBuilder<St> {
-        RateLimitLayerBuilder {
-            store,
-            policy,
-            options: Options {
-                on_store_error: FailMode::Closed,
+    /// `quota` per client IP, named `per-ip`: the connection address, or — for requests from
+    /// `trusted_proxies` — the rightmost untrusted address of `X-Forwarded-For` / `Forwarded`
+    /// (see [`ClientIp`]). Counted in a new [`MemoryStore`].
+    pub fn per_client_ip(
+        trusted_proxies: impl IntoIterator<Item = ipnet::IpNet>,
+        quota: Quota,
+    ) -> Self {
+        Self::one(Limit::new("per-ip", ClientIp::new(trusted_proxies), quota))
+    }
+
+    /// `quota` for every request together, named `global`, counted in a new [`MemoryStore`].
+    pub fn global(quota: Quota) -> Self {
+        Self::one(Limit::new("global", Global::default(), quota))
+    }
+
+    /// A layer of one valid limit (a valid name, cost 1): building it cannot fail.
+    fn one(limit: Limit) -> Self {
+        RateLimitLayer::from_parts(
+            MemoryStore::new(),
+            Limits::new().limit(limit),
+            Options {
                 legacy_headers: false,
             },
+        )
+    }
+}
+
+impl<St: Store> RateLimitLayer<St> {
+    /// Enforces `limits` with counters in `store`. Fails if there are no limits, a name is
+    /// invalid or repeated, a tier is given to an untiered limit, or a cost could never be
+    /// granted.
+    ///
+    /// A store error reaches clients as 503 (`Retry-After: 1`); for fail open, closed or local
+    /// per limit ([`Limit::fail`]), wrap the store in a
+    /// [`FallbackStore`](crate::store::FallbackStore).
+    pub fn new(store: St, limits: Limits) -> Result<Self, LimitsError> {
+        Self::builder(store, limits).build()
+    }
+
+    /// A builder, for the legacy headers.
+    pub fn builder(store: St, limits: Limits) -> RateLimitLayerBuilder<St> {
+        RateLimitLayerBuilder {
+            store,
+            limits,
+            options: Options {
+                legacy_headers: false,
+            },
+        }
+    }
+}
+
+impl<St> RateLimitLayer<St> {
+    fn from_parts(store: St, limits: Limits, options: Options) -> Self {
+        RateLimitLayer {
+            shared: Arc::new(Shared {
+                store,
+                limits,
+                options,
+                stats: Arc::default(),
+            }),
         }
     }
 
@@ -72,10 +138,10 @@ impl<St: Store> RateLimitLayer<St> {
 }
 
 impl<S, St> Layer<S> for RateLimitLayer<St> {
-    type Service = RateLimit<S, St>;
+    type Service = RateLimitService<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::from_shared(inner, self.shared.clone())
+        RateLimitService::from_shared(inner, self.shared.clone())
     }
 }
 
@@ -83,22 +149,11 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
 #[derive(Debug)]
 pub struct RateLimitLayerBuilder<St> {
     store: St,
-    policy: Policy,
+    limits: Limits,
     options: Options,
 }
 
 impl<St: Store> RateLimitLayerBuilder<St> {
-    /// What a transient store error (timeout, unreachable) does to a request:
-    /// [`FailMode::Open`] lets it through, marked with `Flowgate-Fallback: open` and counted in
-    /// [`StatsSnapshot::fail_open`](super::StatsSnapshot::fail_open); [`FailMode::Closed`]
-    /// (the default) answers 503 with a problem body. For [`FailMode::Local`], wrap the store in
-    /// the fallback store, which decides locally and marks its decisions; errors that still reach
-    /// the layer are then answered 503.
-    pub fn on_store_error(mut self, mode: FailMode) -> Self {
-        self.options.on_store_error = mode;
-        self
-    }
-
     /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` for the
     /// binding limit, for clients that predate the IETF fields (default: off).
     pub fn legacy_headers(mut self, on: bool) -> Self {
@@ -106,16 +161,29 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// Checks the policy and builds the layer.
-    pub fn build(self) -> Result<RateLimitLayer<St>, PolicyError> {
-        self.policy.validate()?;
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                store: self.store,
-                policy: self.policy,
-                options: self.options,
-                stats: Arc::default(),
-            }),
-        })
+    /// Checks the limits and builds the layer.
+    pub fn build(self) -> Result<RateLimitLayer<St>, LimitsError> {
+        self.limits.validate()?;
+        Ok(RateLimitLayer::from_parts(
+            self.store,
+            self.limits,
+            self.options,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_one_line_layers_hold_valid_limits() {
+        for layer in [
+            RateLimitLayer::per_peer_ip(Quota::per_second(1)),
+            RateLimitLayer::per_client_ip([], Quota::per_second(1)),
+            RateLimitLayer::global(Quota::per_second(1)),
+        ] {
+            assert_eq!(layer.shared.limits.validate(), Ok(()));
+        }
     }
 }

@@ -2,11 +2,15 @@
 //! IETF `RateLimit` headers, key extractors that find the real client behind proxies, and an
 //! outbound layer that paces a client's own calls.
 //!
-//! * [`RateLimitLayer`] / [`RateLimit`]: checks each request against a [`Policy`] — one or more
-//!   [`Limit`]s, each with a [key extractor](key) and a quota (or quotas per tier) — in any
-//!   [`Store`](crate::store::Store). A request passes only if every limit allows it.
-//! * [`headers`]: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10),
-//!   legacy `X-RateLimit-*`, `Retry-After` rounded up.
+//! * [`RateLimitLayer`] / [`RateLimitService`]: checks each request against its [`Limits`] —
+//!   one or more [`Limit`]s, each with a [key extractor](key), a quota (or quotas per tier) and
+//!   optionally a fail mode — in any [`Store`](crate::store::Store). A request passes only if
+//!   every limit allows it. One line for the common cases: [`RateLimitLayer::per_client_ip`],
+//!   [`RateLimitLayer::per_peer_ip`], [`RateLimitLayer::global`].
+//! * [`answer`]: the one renderer from decisions to what a client sees (fields, `Retry-After`,
+//!   the fallback marker, status, problem), shared with the gateway and the service.
+//! * [`headers`]: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10)
+//!   items, legacy `X-RateLimit-*` names, `Retry-After` parsing.
 //! * [`problem`]: RFC 9457 `application/problem+json` bodies (`…#quota-exceeded` with
 //!   `violated-policies`), or gRPC statuses for gRPC requests.
 //! * [`key`]: peer IP, client IP behind trusted proxies, header, JWT claim, route, composites.
@@ -18,12 +22,16 @@
 //! ```
 //! use std::net::SocketAddr;
 //! use axum::{routing::get, Router};
-//! use flowgate::{http::{key::{ClientIp, Header}, Limit, Policy, RateLimitLayer}, store::MemoryStore, Quota};
+//! use flowgate::{http::{key::{ClientIp, Header}, Limit, Limits, RateLimitLayer}, store::MemoryStore, Quota};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let policy = Policy::new()
+//! // The common case is one line:
+//! let per_ip = RateLimitLayer::per_client_ip(["10.0.0.0/8".parse()?], Quota::per_second(50));
+//! # let _ = per_ip;
+//! // Several limits:
+//! let limits = Limits::new()
 //!     // Per client IP, believing X-Forwarded-For only from our load balancers:
-//!     .limit(Limit::new("per-ip", ClientIp::new(["10.0.0.0/8".parse()?]), Quota::per_second(50)?))
+//!     .limit(Limit::new("per-ip", ClientIp::new(["10.0.0.0/8".parse()?]), Quota::per_second(50)))
 //!     // Per API key, by plan:
 //!     .limit(
 //!         Limit::tiered(
@@ -31,12 +39,12 @@
 //!             Header::new(http::HeaderName::from_static("x-api-key")),
 //!             Header::new(http::HeaderName::from_static("x-plan")),
 //!         )
-//!         .tier("free", Quota::per_second(10)?.with_burst(20)?)
-//!         .tier("enterprise", Quota::per_second(500)?.with_burst(1000)?),
+//!         .tier("free", Quota::per_second(10).with_burst(20)?)
+//!         .tier("enterprise", Quota::per_second(500).with_burst(1000)?),
 //!     );
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(MemoryStore::new(), policy)?);
+//!     .layer(RateLimitLayer::new(MemoryStore::new(), limits)?);
 //! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
 //! # let _ = app.into_make_service_with_connect_info::<SocketAddr>();
 //! # Ok(()) }
@@ -79,21 +87,24 @@
 //!
 //! # Cost
 //!
-//! A policy of one limit in a store that decides in memory ([`MemoryStore`](crate::store::MemoryStore),
-//! or any store that implements [`Store::try_acquire_now`](crate::store::Store::try_acquire_now))
+//! One limit in a store that decides in memory ([`MemoryStore`](crate::store::MemoryStore),
+//! or any store that implements [`Store::check_now`](crate::store::Store::check_now))
 //! is decided inside `call`: the key is written into a reused buffer, nothing is boxed, and the
 //! only allocation is the `RateLimit` value the response carries. Other stores (Redis) and
-//! policies of several limits go through the store's futures, boxed once per request. Figures
+//! several limits go through the store's futures, boxed once per request. Figures
 //! against tower_governor are in `BENCHMARKS.md`.
 //!
 //! # Store failures
 //!
-//! A transient store error (timeout, store unreachable) answers 503 with a problem body by
-//! default (fail closed); with
-//! [`on_store_error(FailMode::Open)`](RateLimitLayerBuilder::on_store_error) the request passes
-//! with `Flowgate-Fallback: open`, and both are counted in [`RateLimitStats`]. Decisions a
-//! fallback store made locally are marked `Flowgate-Fallback: local`.
+//! Fail modes are applied in one place, the [`FallbackStore`](crate::store::FallbackStore):
+//! wrap a store that can fail (Redis) in one, and give limits their own mode with
+//! [`Limit::fail`] (the mode travels with each request to the store). While the store is away,
+//! `open` lets the request through marked `Flowgate-Fallback: open`, `local` decides with this
+//! instance's share of the quota (`Flowgate-Fallback: local`), `closed` answers 503 with
+//! `Retry-After` (`Flowgate-Fallback: closed`). A store error that reaches the layer without a
+//! fallback store is answered 503 (transient) or 500. All are counted in [`RateLimitStats`].
 
+pub mod answer;
 mod body;
 mod check;
 mod error;
@@ -101,17 +112,17 @@ mod future;
 pub mod headers;
 pub mod key;
 mod layer;
+mod limits;
 pub mod outbound;
-mod policy;
 pub mod problem;
 mod scratch;
 mod service;
 mod stats;
 
 pub use body::ResponseBody;
-pub use error::PolicyError;
+pub use error::LimitsError;
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use policy::{Limit, Policy};
-pub use service::RateLimit;
+pub use limits::{Limit, Limits};
+pub use service::RateLimitService;
 pub use stats::{RateLimitStats, StatsSnapshot};

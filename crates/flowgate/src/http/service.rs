@@ -1,4 +1,4 @@
-//! [`RateLimit`]: the service that checks each request before its inner service sees it.
+//! [`RateLimitService`]: the service that checks each request before its inner service sees it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,44 +8,51 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::check::{Decided, Shared, Verdict, is_grpc};
+use super::check::{Shared, Step, is_grpc};
 use super::future::ResponseFuture;
 use crate::store::Store;
 
-/// Checks every request against a [`Policy`](super::Policy) before calling the inner service;
-/// made by [`RateLimitLayer`](super::RateLimitLayer).
+/// A bare 500, for states that cannot happen.
+pub(crate) fn internal_error() -> http::Response<bytes::Bytes> {
+    let mut response = http::Response::new(bytes::Bytes::new());
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response
+}
+
+/// Checks every request against its [`Limits`](super::Limits) before calling the inner
+/// service; made by [`RateLimitLayer`](super::RateLimitLayer).
 ///
-/// Denied requests get 429 with `Retry-After`, the `RateLimit` headers and a problem body;
-/// requests whose key cannot be read get 400/401; passing requests reach the inner service and
-/// their responses get the `RateLimit` headers. gRPC requests (`content-type: application/grpc`)
+/// Denied requests get 429 with `Retry-After`, the `RateLimit` headers and a problem body (a
+/// store that is away: 503); requests whose key cannot be read get 400/401; passing requests
+/// reach the inner service and their responses get the `RateLimit` headers. gRPC requests (`content-type: application/grpc`)
 /// get their refusals as gRPC statuses (`RESOURCE_EXHAUSTED`, …) instead.
-pub struct RateLimit<S, St> {
+pub struct RateLimitService<S, St> {
     /// The service behind the limit.
     inner: S,
     /// Store, policy, options and counters.
     shared: Arc<Shared<St>>,
 }
 
-impl<S: Clone, St> Clone for RateLimit<S, St> {
+impl<S: Clone, St> Clone for RateLimitService<S, St> {
     fn clone(&self) -> Self {
-        RateLimit {
+        RateLimitService {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
         }
     }
 }
 
-impl<S: std::fmt::Debug, St> std::fmt::Debug for RateLimit<S, St> {
+impl<S: std::fmt::Debug, St> std::fmt::Debug for RateLimitService<S, St> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RateLimit")
+        f.debug_struct("RateLimitService")
             .field("inner", &self.inner)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, St> RateLimit<S, St> {
+impl<S, St> RateLimitService<S, St> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<St>>) -> Self {
-        RateLimit { inner, shared }
+        RateLimitService { inner, shared }
     }
 
     /// The inner service.
@@ -54,10 +61,10 @@ impl<S, St> RateLimit<S, St> {
     }
 }
 
-impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St>
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S, St>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    St: Store,
+    St: Store + 'static,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
@@ -69,26 +76,28 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let applied = match self.shared.decide(&parts) {
-            Decided::Now(Verdict::Pass(fields)) => {
+        let selected = match self.shared.decide(&parts) {
+            Step::Pass(answer) => {
                 let request = Request::from_parts(parts, body);
-                return ResponseFuture::call(self.inner.call(request), fields);
+                return ResponseFuture::call(self.inner.call(request), answer);
             }
-            Decided::Now(Verdict::Answer(response)) => return ResponseFuture::answer(response),
-            Decided::Later(applied) => applied,
+            Step::Refuse(response) => return ResponseFuture::refuse(response),
+            Step::AskStore(selected) => selected,
         };
         let grpc = is_grpc(&parts.headers);
         let request = Request::from_parts(parts, body);
-        let mut check = Box::pin(self.shared.clone().check(applied, grpc));
+        let mut check = Box::pin(self.shared.clone().check(selected, grpc));
         // Stores often answer at once even so (several limits in memory): then the request goes
         // straight to the inner service, which was polled ready for it. (Polling with a no-op
         // waker is fine: a pending future is polled again, with the real waker, by
         // `ResponseFuture`.)
         match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(Verdict::Pass(fields)) => {
-                ResponseFuture::call(self.inner.call(request), fields)
+            Poll::Ready(Step::Pass(answer)) => {
+                ResponseFuture::call(self.inner.call(request), answer)
             }
-            Poll::Ready(Verdict::Answer(response)) => ResponseFuture::answer(response),
+            Poll::Ready(Step::Refuse(response)) => ResponseFuture::refuse(response),
+            // `check` never leaves a limit to ask.
+            Poll::Ready(Step::AskStore(_)) => ResponseFuture::refuse(internal_error()),
             Poll::Pending => {
                 // The instance that was polled ready goes with the request; this one is a
                 // fresh clone.

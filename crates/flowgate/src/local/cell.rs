@@ -341,27 +341,27 @@ pub(crate) type LogCell = LockCell<SlidingLog>;
 
 /// Asks a cell for `cost` units. Shared by every limiter so the transition is written once.
 #[inline]
-pub(crate) fn acquire<C: Cell>(
+pub(crate) fn check<C: Cell>(
     cell: &C,
     quota: &Quota,
     cost: u64,
     now: crate::clock::Nanos,
 ) -> crate::Decision {
-    cell.update(|state| state.acquire(quota, cost, now))
+    cell.update(|state| state.check(quota, cost, now))
 }
 
-/// One GCRA acquire through the same compare-and-swap loop and encoding as [`WordCell`], on
+/// One GCRA check through the same compare-and-swap loop and encoding as [`WordCell`], on
 /// a word the caller owns: exposed (hidden) so `tests/loom.rs` can run it on loom's atomics
 /// and explore every interleaving.
 #[doc(hidden)]
-pub fn model_gcra_acquire(
+pub fn model_gcra_check(
     current: u64,
     cas: impl FnMut(u64, u64) -> Result<(), u64>,
     quota: &Quota,
     cost: u64,
     now: crate::clock::Nanos,
 ) -> crate::Decision {
-    word_update::<Gcra, _>(current, cas, |state| state.acquire(quota, cost, now))
+    word_update::<Gcra, _>(current, cas, |state| state.check(quota, cost, now))
 }
 
 /// The value of a [`WordCell`] holding a fresh GCRA state, for the loom model test.

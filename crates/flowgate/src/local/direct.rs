@@ -39,9 +39,9 @@ impl AnyCell {
 /// clock's cheap [`recent`](Clock::recent) time (see [`crate::clock`]).
 ///
 /// ```
-/// use flowgate::{local::RateLimiter, Quota};
+/// use flowgate::{Quota, RateLimiter};
 ///
-/// let limiter = RateLimiter::new(Quota::per_second(50)?.with_burst(5)?);
+/// let limiter = RateLimiter::new(Quota::per_second(50).with_burst(5)?);
 /// let granted = (0..10).filter(|_| limiter.check().allowed).count();
 /// assert_eq!(granted, 5);
 /// # Ok::<(), flowgate::QuotaError>(())
@@ -71,15 +71,14 @@ impl<C: Clock> RateLimiter<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use flowgate::{clock::ManualClock, local::RateLimiter, Quota};
+    /// use flowgate::{clock::ManualClock, Quota, RateLimiter};
     ///
     /// let clock = ManualClock::new(0);
-    /// let limiter = RateLimiter::with_clock(Quota::per_second(1)?, clock.clone());
+    /// let limiter = RateLimiter::with_clock(Quota::per_second(1), clock.clone());
     /// assert!(limiter.check().allowed);
     /// assert!(!limiter.check().allowed);
     /// clock.advance(Duration::from_secs(1));
     /// assert!(limiter.check().allowed);
-    /// # Ok::<(), flowgate::QuotaError>(())
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> Self {
         RateLimiter {
@@ -101,14 +100,14 @@ impl<C: Clock> RateLimiter<C> {
         &self.clock
     }
 
-    /// Asks for one unit, on the leanest path: `Ok(())` if granted, otherwise how long to wait.
-    /// Use [`check`](Self::check) when you also want `remaining` and `reset_after` (for
-    /// headers); this is what to call in a hot loop.
+    /// Asks for one unit on the leanest path: `Ok(())` if granted, otherwise how long to wait
+    /// (what governor's `check` answers). [`check`](Self::check) takes the same unit and also
+    /// reports `remaining` and `reset_after` (for headers); this is what to call in a hot loop.
     #[inline]
-    pub fn try_acquire(&self) -> Result<(), Denied> {
+    pub fn try_check(&self) -> Result<(), Denied> {
         match &self.cell {
             AnyCell::Gcra(c) => try_decide(&self.clock, self.lag_nanos, |now| {
-                c.update(|s| s.try_acquire(&self.quota, 1, now))
+                c.update(|s| s.try_check(&self.quota, 1, now))
             }),
             _ => {
                 let decision = self.decide_other(1);
@@ -160,7 +159,7 @@ impl<C: Clock> RateLimiter<C> {
         // GCRA, the common choice, gets a path of its own small enough to inline into callers.
         match &self.cell {
             AnyCell::Gcra(c) => decide(&self.clock, self.lag, |now| {
-                cell::acquire(c, &self.quota, cost, now)
+                cell::check(c, &self.quota, cost, now)
             }),
             _ => self.decide_other(cost),
         }
@@ -170,7 +169,7 @@ impl<C: Clock> RateLimiter<C> {
     fn decide_other(&self, cost: u64) -> Decision {
         let quota = &self.quota;
         per_algorithm!(AnyCell, &self.cell, c => {
-            decide(&self.clock, self.lag, |now| cell::acquire(c, quota, cost, now))
+            decide(&self.clock, self.lag, |now| cell::check(c, quota, cost, now))
         })
     }
 
@@ -186,12 +185,6 @@ impl<C: Clock> RateLimiter<C> {
             AnyCell::Leaky(c) => Some(c.update(|s| f(s, now))),
             _ => None,
         }
-    }
-
-    /// The current time on the limiter's clock.
-    #[cfg(feature = "tokio")]
-    pub(super) fn now(&self) -> Nanos {
-        self.clock.now()
     }
 }
 
@@ -211,20 +204,17 @@ mod tests {
     #[test]
     fn every_algorithm_admits_its_burst_then_denies_then_recovers() {
         for algorithm in Algorithm::ALL {
-            let quota = Quota::per_second(4)
-                .unwrap()
-                .with_algorithm(algorithm)
-                .unwrap();
+            let quota = Quota::per_second(4).with_algorithm(algorithm).unwrap();
             let clock = ManualClock::new(10_000_000_000);
             let limiter = RateLimiter::with_clock(quota, clock.clone());
             for _ in 0..3 {
                 assert!(limiter.check().allowed, "{algorithm}");
             }
-            assert_eq!(limiter.try_acquire(), Ok(()), "{algorithm}");
+            assert_eq!(limiter.try_check(), Ok(()), "{algorithm}");
             let denied = limiter.check();
             assert!(!denied.allowed, "{algorithm}");
             assert_eq!(
-                limiter.try_acquire().unwrap_err().retry_after,
+                limiter.try_check().unwrap_err().retry_after,
                 denied.retry_after,
                 "{algorithm}"
             );
@@ -257,8 +247,7 @@ mod tests {
         }
         let start = 100_000_000_000;
         let clock = ManualClock::new(start);
-        let limiter =
-            RateLimiter::with_clock(Quota::per_second(10).unwrap(), Stuck(clock.clone(), start));
+        let limiter = RateLimiter::with_clock(Quota::per_second(10), Stuck(clock.clone(), start));
         for _ in 0..10 {
             assert!(limiter.check().allowed);
         }

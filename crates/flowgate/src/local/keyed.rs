@@ -15,8 +15,9 @@ use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::decision::{Decision, Denied};
 use crate::quota::{Algorithm, InsufficientCapacity, Quota};
 
-/// Keys a [`KeyedRateLimiter`] holds by default before it makes room (see
-/// [`KeyedRateLimiterBuilder::max_keys`]).
+/// Keys a [`KeyedRateLimiter`] or a [`MemoryStore`](crate::store::MemoryStore) (per
+/// algorithm) holds by default before it makes room (see
+/// [`KeyedRateLimiterBuilder::max_keys`]): 2²⁰, about a million.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 
 /// The keyed limiter's map, with the cell type its algorithm needs.
@@ -38,16 +39,15 @@ enum AnyMap<K> {
 /// recovery. A `u64` key with GCRA costs 19–24 bytes.
 ///
 /// ```
-/// use flowgate::{local::KeyedRateLimiter, Quota};
+/// use flowgate::{KeyedRateLimiter, Quota};
 ///
-/// let per_ip = KeyedRateLimiter::<std::net::IpAddr>::new(Quota::per_minute(2)?);
+/// let per_ip = KeyedRateLimiter::<std::net::IpAddr>::new(Quota::per_minute(2));
 /// let a: std::net::IpAddr = "192.0.2.1".parse().unwrap();
 /// let b: std::net::IpAddr = "192.0.2.2".parse().unwrap();
 /// assert!(per_ip.check_key(&a).allowed);
 /// assert!(per_ip.check_key(&a).allowed);
 /// assert!(!per_ip.check_key(&a).allowed);
 /// assert!(per_ip.check_key(&b).allowed);
-/// # Ok::<(), flowgate::QuotaError>(())
 /// ```
 pub struct KeyedRateLimiter<K, C: Clock = MonotonicClock> {
     /// What each key is allowed.
@@ -133,13 +133,12 @@ impl<K: Hash + Eq> KeyedRateLimiter<K, MonotonicClock> {
     /// A builder, to set the bound on keys, the shards or the clock.
     ///
     /// ```
-    /// use flowgate::{clock::ManualClock, local::KeyedRateLimiter, Quota};
-    /// let limiter = KeyedRateLimiter::<u64>::builder(Quota::per_second(10)?)
+    /// use flowgate::{clock::ManualClock, KeyedRateLimiter, Quota};
+    /// let limiter = KeyedRateLimiter::<u64>::builder(Quota::per_second(10))
     ///     .clock(ManualClock::new(0))
     ///     .max_keys(100_000)
     ///     .build();
     /// assert!(limiter.check_key(&7).allowed);
-    /// # Ok::<(), flowgate::QuotaError>(())
     /// ```
     pub fn builder(quota: Quota) -> KeyedRateLimiterBuilder<K, MonotonicClock> {
         KeyedRateLimiterBuilder {
@@ -191,7 +190,7 @@ impl<K: Hash + Eq, C: Clock> KeyedRateLimiter<K, C> {
     /// Asks for one unit for `key` on the leanest path: `Ok(())` if granted, otherwise how
     /// long to wait. [`check_key`](Self::check_key) also reports `remaining` and `reset_after`.
     #[inline]
-    pub fn try_acquire_key<Q>(&self, key: &Q) -> Result<(), Denied>
+    pub fn try_check_key<Q>(&self, key: &Q) -> Result<(), Denied>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -199,7 +198,7 @@ impl<K: Hash + Eq, C: Clock> KeyedRateLimiter<K, C> {
         match &self.map {
             AnyMap::Gcra(m) => try_decide(&self.clock, self.lag_nanos, |now| {
                 update_keyed(m, key, &self.quota, now, |s| {
-                    s.try_acquire(&self.quota, 1, now)
+                    s.try_check(&self.quota, 1, now)
                 })
             }),
             _ => {
@@ -293,6 +292,32 @@ impl<K: Hash + Eq, C: Clock> KeyedRateLimiter<K, C> {
         self.len() == 0
     }
 
+    /// Applies `f` to `key`'s GCRA or leaky-bucket state (inserting the key if `f` changes a
+    /// fresh state), for reservations.
+    #[cfg(feature = "tokio")]
+    pub(super) fn update_bucket_key<Q, R>(
+        &self,
+        key: &Q,
+        f: impl Fn(&mut dyn crate::algorithm::Reserve, Nanos) -> R,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.clock.now();
+        match &self.map {
+            AnyMap::Gcra(m) => Some(update_keyed(m, key, &self.quota, now, |s| f(s, now))),
+            AnyMap::Leaky(m) => Some(update_keyed(m, key, &self.quota, now, |s| f(s, now))),
+            _ => None,
+        }
+    }
+
+    /// The current time on the limiter's clock.
+    #[cfg(feature = "tokio")]
+    pub(super) fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
     #[inline]
     fn decide<Q>(&self, key: &Q, cost: u64) -> Decision
     where
@@ -302,7 +327,7 @@ impl<K: Hash + Eq, C: Clock> KeyedRateLimiter<K, C> {
         let quota = &self.quota;
         per_algorithm!(AnyMap, &self.map, m => {
             decide(&self.clock, self.lag, |now| {
-                update_keyed(m, key, quota, now, |s| s.acquire(quota, cost, now))
+                update_keyed(m, key, quota, now, |s| s.check(quota, cost, now))
             })
         })
     }
@@ -333,18 +358,15 @@ mod tests {
     #[test]
     fn keys_are_independent_for_every_algorithm() {
         for algorithm in Algorithm::ALL {
-            let quota = Quota::per_second(3)
-                .unwrap()
-                .with_algorithm(algorithm)
-                .unwrap();
+            let quota = Quota::per_second(3).with_algorithm(algorithm).unwrap();
             let (limiter, _) = limiter(quota, 1000);
             for key in 0..50u64 {
                 for _ in 0..2 {
                     assert!(limiter.check_key(&key).allowed, "{algorithm}");
                 }
-                assert_eq!(limiter.try_acquire_key(&key), Ok(()), "{algorithm}");
+                assert_eq!(limiter.try_check_key(&key), Ok(()), "{algorithm}");
                 assert!(!limiter.check_key(&key).allowed, "{algorithm}");
-                assert!(limiter.try_acquire_key(&key).is_err(), "{algorithm}");
+                assert!(limiter.try_check_key(&key).is_err(), "{algorithm}");
             }
             assert_eq!(limiter.len(), 50);
             limiter.reset_key(&7);
@@ -357,21 +379,21 @@ mod tests {
 
     #[test]
     fn peeking_at_an_unknown_key_stores_nothing() {
-        let (limiter, _) = limiter(Quota::per_second(3).unwrap(), 1000);
+        let (limiter, _) = limiter(Quota::per_second(3), 1000);
         assert_eq!(limiter.peek_key(&1).remaining, 3);
         assert!(limiter.is_empty());
     }
 
     #[test]
     fn a_flood_of_new_keys_stays_within_max_keys_and_keeps_active_keys_exact() {
-        let (limiter, clock) = limiter(Quota::per_minute(2).unwrap(), 4096);
+        let (limiter, clock) = limiter(Quota::per_minute(2), 4096);
         // An active key: its allowance is used up.
         for _ in 0..2 {
             assert!(limiter.check_key(&u64::MAX).allowed);
         }
         // A million one-off keys, 10 µs apart: each is idle 30 s after its request.
         for key in 0..1_000_000u64 {
-            limiter.check_key(&key);
+            let _ = limiter.check_key(&key);
             clock.advance(Duration::from_micros(10));
             if key % 100_000 == 0 {
                 assert!(limiter.len() <= 4096 + 64, "len {}", limiter.len());
@@ -389,13 +411,13 @@ mod tests {
 
     #[test]
     fn idle_keys_make_room_before_active_ones_are_evicted() {
-        let (limiter, clock) = limiter(Quota::per_second(1).unwrap(), 64);
+        let (limiter, clock) = limiter(Quota::per_second(1), 64);
         for key in 0..64u64 {
-            limiter.check_key(&key);
+            let _ = limiter.check_key(&key);
         }
         clock.advance(Duration::from_secs(2));
         for key in 1000..1064u64 {
-            limiter.check_key(&key);
+            let _ = limiter.check_key(&key);
         }
         assert_eq!(limiter.stats().evicted_active, 0);
         assert_eq!(limiter.forget_idle(), 0);

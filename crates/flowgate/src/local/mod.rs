@@ -3,8 +3,14 @@
 //! * [`RateLimiter`]: one limit for the whole process (an outbound API's quota, a job queue).
 //! * [`KeyedRateLimiter`]: one limit per key (per client IP, per API key, per user) for millions
 //!   of keys in bounded memory.
-//! * With the `tokio` feature: `until_ready` and `reserve` to wait for capacity instead of being
-//!   denied, and [`Shaper`], a leaky-bucket queue that delays requests to a steady rate.
+//! * With the `tokio` feature: `until_ready` (and keyed, `n`-unit and jittered variants) and
+//!   `reserve` to wait for capacity instead of being denied, on both limiters alike, and
+//!   [`Shaper`], a leaky-bucket queue that delays requests to a steady rate.
+//!
+//! The verbs, the same on every limiter and store: `check` asks for units and takes them if
+//! granted (a [`Decision`](crate::Decision)); `try_check` does the same on the leanest path
+//! (`Ok` or how long to wait); `peek` checks without taking; `until_ready` waits until granted;
+//! `reserve` takes units ahead of time; `refund` gives units back; `reset` forgets.
 //!
 //! Every limiter takes a [`Quota`](crate::Quota) with any [`Algorithm`](crate::Algorithm).
 //! GCRA's state is one word updated by compare-and-swap; the leaky bucket and the window
@@ -33,7 +39,7 @@ pub(crate) use cell::{Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell
 #[doc(hidden)]
 pub mod __private {
     //! Internals exposed for the crate's loom model test only. Not a public API.
-    pub use super::cell::{MODEL_GCRA_FRESH, model_gcra_acquire};
+    pub use super::cell::{MODEL_GCRA_FRESH, model_gcra_check};
 }
 
 /// Calls `$body` with `$c` bound to the inner value of whichever variant `$value` is, for enums

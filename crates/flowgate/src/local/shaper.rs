@@ -8,7 +8,7 @@ use super::wait::ReserveError;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::{Algorithm, InsufficientCapacity, Quota};
 
-/// Why [`Shaper::acquire`] gave up.
+/// Why [`Shaper::until_n_ready`] gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ShapeError {
     /// `max_queue` callers are already waiting.
@@ -45,10 +45,10 @@ pub enum ShapeError {
 ///
 /// // 5 SMS per second, no burst, at most 10 waiting, nobody waits more than 2 s.
 /// let shaper = Shaper::with_clock(
-///     Quota::per_second(5)?.with_burst(1)?, 10, Duration::from_secs(2), TokioClock::new());
+///     Quota::per_second(5).with_burst(1)?, 10, Duration::from_secs(2), TokioClock::new());
 /// let start = tokio::time::Instant::now();
 /// for _ in 0..5 {
-///     shaper.acquire(1).await?;
+///     shaper.until_ready().await?;
 /// }
 /// assert_eq!(start.elapsed(), Duration::from_millis(800));
 /// # Ok(()) }
@@ -91,8 +91,13 @@ impl<C: Clock> Shaper<C> {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Waits for this caller's turn to use one unit.
+    pub async fn until_ready(&self) -> Result<(), ShapeError> {
+        self.until_n_ready(1).await
+    }
+
     /// Waits for this caller's turn to use `cost` units.
-    pub async fn acquire(&self, cost: u64) -> Result<(), ShapeError> {
+    pub async fn until_n_ready(&self, cost: u64) -> Result<(), ShapeError> {
         let reservation = self
             .bucket
             .reserve(cost, self.max_delay)
@@ -139,7 +144,7 @@ mod tests {
 
     fn new_shaper(max_queue: usize, max_delay_ms: u64) -> Arc<Shaper<TokioClock>> {
         Arc::new(Shaper::with_clock(
-            Quota::per_second(10).unwrap().with_burst(1).unwrap(),
+            Quota::per_second(10).with_burst(1).unwrap(),
             max_queue,
             Duration::from_millis(max_delay_ms),
             TokioClock::new(),
@@ -154,7 +159,7 @@ mod tests {
         for i in 0..10u64 {
             let shaper = shaper.clone();
             tasks.push(tokio::spawn(async move {
-                shaper.acquire(1).await.unwrap();
+                shaper.until_n_ready(1).await.unwrap();
                 (i, start.elapsed())
             }));
             tokio::task::yield_now().await;
@@ -169,20 +174,20 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn rejects_beyond_max_delay_and_max_queue() {
         let shaper = new_shaper(2, 250);
-        shaper.acquire(1).await.unwrap(); // passes at once
+        shaper.until_n_ready(1).await.unwrap(); // passes at once
         let a = tokio::spawn({
             let s = shaper.clone();
-            async move { s.acquire(1).await }
+            async move { s.until_n_ready(1).await }
         });
         let b = tokio::spawn({
             let s = shaper.clone();
-            async move { s.acquire(1).await }
+            async move { s.until_n_ready(1).await }
         });
         tokio::task::yield_now().await;
         assert_eq!(shaper.queued(), 2);
         // A third waiter would wait 300 ms > 250 ms.
         assert!(matches!(
-            shaper.acquire(1).await,
+            shaper.until_n_ready(1).await,
             Err(ShapeError::DelayTooLong { .. })
         ));
         a.await.unwrap().unwrap();
@@ -190,14 +195,14 @@ mod tests {
         assert_eq!(shaper.queued(), 0);
 
         let tight = new_shaper(1, 10_000);
-        tight.acquire(1).await.unwrap();
+        tight.until_n_ready(1).await.unwrap();
         let waiter = tokio::spawn({
             let s = tight.clone();
-            async move { s.acquire(1).await }
+            async move { s.until_n_ready(1).await }
         });
         tokio::task::yield_now().await;
         assert_eq!(
-            tight.acquire(1).await,
+            tight.until_n_ready(1).await,
             Err(ShapeError::QueueFull { max_queue: 1 })
         );
         waiter.abort();

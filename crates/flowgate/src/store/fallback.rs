@@ -22,29 +22,34 @@
 //! most a timeout for the first few calls and one probe per `open_for` after that, and recovery
 //! takes at most `open_for` once the store is back.
 //!
-//! The [`Store`] methods use the default mode ([`FallbackStoreBuilder::fail`]);
-//! [`FallbackStore::acquire_many_with`] takes a mode per request, for a service whose
-//! configuration sets `fail` per limit.
+//! Each request's mode travels with it ([`Ask::fail`]), so limits with different `fail`
+//! settings can share one store; a request that names none gets the store's default
+//! ([`FallbackStoreBuilder::fail`], [`FailMode::Open`] unless set). This wrapper is the one
+//! place where fail modes are applied: the tower layer, the gateway and the service only
+//! render what it decided.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use flowgate::{store::{FallbackStore, MemoryStore, Store}, FailMode, Quota};
+//! use flowgate::{store::{Ask, FallbackStore, MemoryStore, Store}, FailMode, Quota};
 //! // Any store works; in production this wraps a RedisStore.
 //! let store = FallbackStore::builder(MemoryStore::new())
 //!     .fail(FailMode::Local)
 //!     .instances(4)
 //!     .build();
-//! let decision = store.acquire("tenant:1", &Quota::per_minute(100)?, 1).await?;
+//! let quota = Quota::per_minute(100);
+//! let decision = store.check(Ask::new("tenant:1", &quota)).await?;
 //! assert_eq!(decision.fallback, None); // the store answered
+//! // This one request fails closed instead if the store is away:
+//! let decision = store.check(Ask::new("tenant:1", &quota).fail(FailMode::Closed)).await?;
+//! assert!(decision.allowed);
 //! # Ok(()) }
 //! ```
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Acquire, MemoryStore, Store, StoreError};
+use super::{Ask, MemoryStore, Store, StoreError};
 use crate::clock::{Clock, MonotonicClock, Nanos, nanos};
 use crate::decision::{Decision, FailMode};
 use crate::quota::Quota;
@@ -85,13 +90,13 @@ pub struct FallbackStoreBuilder<S, C = MonotonicClock> {
 }
 
 impl<S: Store> FallbackStore<S> {
-    /// A builder wrapping `inner`: fail open, one instance, a breaker opening after
-    /// [`DEFAULT_FAILURE_THRESHOLD`] failures for [`DEFAULT_OPEN_FOR`].
+    /// A builder wrapping `inner`: [`FailMode::default()`] (open), one instance, a breaker
+    /// opening after [`DEFAULT_FAILURE_THRESHOLD`] failures for [`DEFAULT_OPEN_FOR`].
     pub fn builder(inner: S) -> FallbackStoreBuilder<S> {
         FallbackStoreBuilder {
             inner,
             clock: MonotonicClock::new(),
-            default_mode: FailMode::Open,
+            default_mode: FailMode::default(),
             instances: 1,
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             open_for: DEFAULT_OPEN_FOR,
@@ -114,7 +119,8 @@ impl<S: Store> FallbackStoreBuilder<S> {
 }
 
 impl<S: Store, C: Clock + Clone> FallbackStoreBuilder<S, C> {
-    /// The mode for the [`Store`] methods (default [`FailMode::Open`]).
+    /// The mode of requests that name none ([`Ask::fail`] is `None`; default
+    /// [`FailMode::Open`]).
     pub fn fail(mut self, mode: FailMode) -> Self {
         self.default_mode = mode;
         self
@@ -274,70 +280,38 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
         }
     }
 
-    /// Like [`Store::acquire_many`], with a [`FailMode`] per request (`modes[i]` for
-    /// `requests[i]`; missing modes use the default).
-    pub async fn acquire_many_with(
-        &self,
-        requests: &[Acquire<'_>],
-        modes: &[FailMode],
-    ) -> Vec<Result<Decision, StoreError>> {
-        let mode = |i: usize| modes.get(i).copied().unwrap_or(self.default_mode);
-        if !self.breaker.admit(self.clock.now()) {
-            self.counters
-                .short_circuited
-                .fetch_add(requests.len() as u64, Ordering::Relaxed);
-            return requests
-                .iter()
-                .enumerate()
-                .map(|(i, r)| self.fall_back(r, mode(i)))
-                .collect();
-        }
-        let results = self.inner.acquire_many(requests).await;
-        self.record(
-            results
-                .iter()
-                .any(|r| matches!(r, Err(e) if e.is_transient())),
-        );
-        results
-            .into_iter()
-            .zip(requests)
-            .enumerate()
-            .map(|(i, (result, request))| match result {
-                Err(e) if e.is_transient() => {
-                    self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
-                    self.fall_back(request, mode(i))
-                }
-                other => other,
-            })
-            .collect()
+    /// The mode `ask` falls back to.
+    #[inline]
+    fn mode(&self, ask: &Ask<'_>) -> FailMode {
+        ask.fail.unwrap_or(self.default_mode)
     }
 
-    /// Like [`Store::acquire`], with this request's [`FailMode`].
-    pub async fn acquire_with(
+    /// The decision for one answer of the inner store: as it is, or — for a transient error —
+    /// the fallback's.
+    fn settle(
         &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-        mode: FailMode,
+        ask: &Ask<'_>,
+        result: Result<Decision, StoreError>,
     ) -> Result<Decision, StoreError> {
-        let request = Acquire { key, quota, cost };
-        if !self.breaker.admit(self.clock.now()) {
-            self.counters
-                .short_circuited
-                .fetch_add(1, Ordering::Relaxed);
-            return self.fall_back(&request, mode);
-        }
-        match self.inner.acquire(key, quota, cost).await {
+        match result {
             Err(e) if e.is_transient() => {
-                self.record(true);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
-                self.fall_back(&request, mode)
+                self.fall_back(ask)
             }
-            other => {
-                self.record(false);
-                other
-            }
+            other => other,
         }
+    }
+
+    /// Whether the store may be asked now; if not, the breaker is open and `asks` are counted
+    /// as short-circuited.
+    fn admit(&self, asks: usize) -> bool {
+        if self.breaker.admit(self.clock.now()) {
+            return true;
+        }
+        self.counters
+            .short_circuited
+            .fetch_add(asks as u64, Ordering::Relaxed);
+        false
     }
 
     fn record(&self, failed: bool) {
@@ -348,32 +322,35 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
         }
     }
 
-    /// Decides `request` by `mode`, without the store.
-    fn fall_back(&self, request: &Acquire<'_>, mode: FailMode) -> Result<Decision, StoreError> {
-        let quota = request.quota;
-        quota.check_cost(request.cost)?;
-        let mut decision = match mode {
+    /// Decides `ask` by its mode, without the store.
+    fn fall_back(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
+        let quota = ask.quota;
+        quota.check_cost(ask.cost)?;
+        let mode = self.mode(ask);
+        let decision = match mode {
             FailMode::Open => {
                 self.counters.open.fetch_add(1, Ordering::Relaxed);
-                Decision::allow(quota.limit(), quota.burst() - request.cost, 0)
+                Decision::allow(quota, quota.burst() - ask.cost, 0)
             }
             FailMode::Closed => {
                 self.counters.closed.fetch_add(1, Ordering::Relaxed);
-                Decision::deny(quota.limit(), 0, 0, self.breaker.open_for)
+                Decision::deny(quota, 0, 0, self.breaker.open_for)
             }
             FailMode::Local => {
                 self.counters.local.fetch_add(1, Ordering::Relaxed);
                 let share = local_share(quota, self.instances);
-                if request.cost > share.burst() {
+                if ask.cost > share.burst() {
                     // More than this instance's share can ever grant: wait for the store.
-                    Decision::deny(share.limit(), share.burst(), 0, self.breaker.open_for)
+                    Decision::deny(&share, share.burst(), 0, self.breaker.open_for)
                 } else {
-                    self.local.acquire_now(request.key, &share, request.cost)?
+                    self.local.answer(Ask {
+                        quota: &share,
+                        ..*ask
+                    })?
                 }
             }
         };
-        decision.fallback = Some(mode);
-        Ok(decision)
+        Ok(decision.with_fallback(mode))
     }
 }
 
@@ -398,20 +375,40 @@ pub fn local_share(quota: &Quota, instances: u64) -> Quota {
 }
 
 impl<S: Store, C: Clock + Clone> Store for FallbackStore<S, C> {
-    fn acquire(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.acquire_with(key, quota, cost, self.default_mode)
+    async fn check(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
+        if !self.admit(1) {
+            return self.fall_back(&ask);
+        }
+        let result = self.inner.check(ask).await;
+        self.record(matches!(&result, Err(e) if e.is_transient()));
+        self.settle(&ask, result)
     }
 
-    fn acquire_many(
-        &self,
-        requests: &[Acquire<'_>],
-    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
-        self.acquire_many_with(requests, &[])
+    /// The inner store's answer at once, if it gives one (a memory store's), with the same
+    /// fallback; `None` otherwise (a remote store: ask [`check`](Store::check)).
+    fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        let result = self.inner.check_now(ask)?;
+        if matches!(&result, Err(e) if e.is_transient()) {
+            self.record(true);
+        }
+        Some(self.settle(&ask, result))
+    }
+
+    async fn check_many(&self, asks: &[Ask<'_>]) -> Vec<Result<Decision, StoreError>> {
+        if !self.admit(asks.len()) {
+            return asks.iter().map(|ask| self.fall_back(ask)).collect();
+        }
+        let results = self.inner.check_many(asks).await;
+        self.record(
+            results
+                .iter()
+                .any(|r| matches!(r, Err(e) if e.is_transient())),
+        );
+        results
+            .into_iter()
+            .zip(asks)
+            .map(|(result, ask)| self.settle(ask, result))
+            .collect()
     }
 
     /// Refunds in the store; while the breaker is open, reports the store unavailable.
@@ -445,17 +442,18 @@ mod tests {
     }
 
     impl Store for Flaky {
-        async fn acquire(
-            &self,
-            key: &str,
-            quota: &Quota,
-            cost: u64,
-        ) -> Result<Decision, StoreError> {
+        async fn check(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
             self.calls.fetch_add(1, Ordering::Relaxed);
             if self.down.load(Ordering::Relaxed) {
                 return Err(StoreError::Unavailable("down".into()));
             }
-            self.memory.acquire_now(key, quota, cost)
+            self.memory.answer(ask)
+        }
+        fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+            if self.down.load(Ordering::Relaxed) {
+                return Some(Err(StoreError::Unavailable("down".into())));
+            }
+            Some(self.memory.answer(ask))
         }
         async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
             Ok(())
@@ -474,11 +472,11 @@ mod tests {
             .open_for(Duration::from_millis(100))
             .fail(FailMode::Closed)
             .build();
-        let q = Quota::per_second(10).unwrap();
-        assert_eq!(store.acquire("k", &q, 1).await.unwrap().fallback, None);
+        let q = Quota::per_second(10);
+        assert_eq!(store.check(Ask::new("k", &q)).await.unwrap().fallback, None);
         store.inner().down.store(true, Ordering::Relaxed);
         for _ in 0..3 {
-            let d = store.acquire("k", &q, 1).await.unwrap();
+            let d = store.check(Ask::new("k", &q)).await.unwrap();
             assert_eq!((d.allowed, d.fallback), (false, Some(FailMode::Closed)));
             assert_eq!(d.retry_after, Duration::from_millis(100));
         }
@@ -486,20 +484,20 @@ mod tests {
         assert_eq!(store.inner().calls.load(Ordering::Relaxed), 4);
         // Open: no calls reach the store.
         for _ in 0..10 {
-            assert!(!store.acquire("k", &q, 1).await.unwrap().allowed);
+            assert!(!store.check(Ask::new("k", &q)).await.unwrap().allowed);
         }
         assert_eq!(store.inner().calls.load(Ordering::Relaxed), 4);
         // After open_for, one probe; it fails: open again for another period.
         clock.advance(Duration::from_millis(100));
-        store.acquire("k", &q, 1).await.unwrap();
-        store.acquire("k", &q, 1).await.unwrap();
+        let _ = store.check(Ask::new("k", &q)).await.unwrap();
+        let _ = store.check(Ask::new("k", &q)).await.unwrap();
         assert_eq!(store.inner().calls.load(Ordering::Relaxed), 5);
         // The store comes back; the next probe closes the breaker.
         store.inner().down.store(false, Ordering::Relaxed);
         clock.advance(Duration::from_millis(100));
-        assert_eq!(store.acquire("k", &q, 1).await.unwrap().fallback, None);
+        assert_eq!(store.check(Ask::new("k", &q)).await.unwrap().fallback, None);
         assert!(!store.stats().breaker_open);
-        assert_eq!(store.acquire("k", &q, 1).await.unwrap().fallback, None);
+        assert_eq!(store.check(Ask::new("k", &q)).await.unwrap().fallback, None);
         let stats = store.stats();
         assert_eq!(
             (
@@ -520,60 +518,45 @@ mod tests {
             .instances(4)
             .build();
         store.inner().down.store(true, Ordering::Relaxed);
-        let q = Quota::per_minute(40).unwrap();
-        let modes = [FailMode::Open, FailMode::Closed, FailMode::Local];
-        let requests = [
-            Acquire {
-                key: "a",
-                quota: &q,
-                cost: 1,
-            },
-            Acquire {
-                key: "b",
-                quota: &q,
-                cost: 1,
-            },
-            Acquire {
-                key: "c",
-                quota: &q,
-                cost: 1,
-            },
+        let q = Quota::per_minute(40);
+        let asks = [
+            Ask::new("a", &q).fail(FailMode::Open),
+            Ask::new("b", &q).fail(FailMode::Closed),
+            Ask::new("c", &q).fail(FailMode::Local),
         ];
-        let r = store.acquire_many_with(&requests, &modes).await;
+        let r = store.check_many(&asks).await;
         let d: Vec<_> = r.into_iter().map(Result::unwrap).collect();
         assert!(d[0].allowed && d[0].fallback == Some(FailMode::Open));
         assert!(!d[1].allowed && d[1].fallback == Some(FailMode::Closed));
         assert!(d[2].allowed && d[2].fallback == Some(FailMode::Local));
         // The local share is 40 / 4 = 10 per minute: 9 more, then denied.
+        let local = Ask::new("c", &q).fail(FailMode::Local);
         for _ in 0..9 {
-            let d = store
-                .acquire_with("c", &q, 1, FailMode::Local)
-                .await
-                .unwrap();
-            assert!(d.allowed);
+            assert!(store.check(local).await.unwrap().allowed);
         }
-        assert!(
-            !store
-                .acquire_with("c", &q, 1, FailMode::Local)
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(!store.check(local).await.unwrap().allowed);
+        // Asking at once (the inner store could answer so) falls back the same way.
+        assert!(!store.check_now(local).unwrap().unwrap().allowed);
+        // A request that names no mode gets the store's default: open.
+        let d = store.check(Ask::new("d", &q)).await.unwrap();
+        assert_eq!(d.fallback, Some(FailMode::Open));
         // A cost that can never fit is an error whatever the mode.
         assert!(matches!(
-            store.acquire_with("c", &q, 41, FailMode::Open).await,
+            store
+                .check(Ask::new("c", &q).cost(41).fail(FailMode::Open))
+                .await,
             Err(StoreError::Capacity(_))
         ));
         let s = store.stats();
-        assert_eq!((s.open, s.closed, s.local), (1, 1, 11));
+        assert_eq!((s.open, s.closed, s.local), (2, 1, 12));
     }
 
     #[test]
     fn local_share_divides_limit_and_burst() {
-        let q = Quota::per_second(10).unwrap().with_burst(30).unwrap();
+        let q = Quota::per_second(10).with_burst(30).unwrap();
         let s = local_share(&q, 3);
         assert_eq!((s.limit(), s.burst(), s.period()), (3, 10, q.period()));
-        let tiny = local_share(&Quota::per_second(2).unwrap(), 5);
+        let tiny = local_share(&Quota::per_second(2), 5);
         assert_eq!((tiny.limit(), tiny.burst()), (1, 1));
     }
 }

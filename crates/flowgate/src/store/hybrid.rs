@@ -2,7 +2,7 @@
 //!
 //! Every decision is local (a hash-map lookup, no network), and every `sync_every` a background
 //! task pushes the units granted since the last sync to the shared store (one
-//! [`Store::acquire_many`] for all keys: with a [`RedisStore`](crate::store::RedisStore), one
+//! [`Store::check_many`] for all keys: with a [`RedisStore`](crate::store::RedisStore), one
 //! batched script call) and reads back how much of the limit is left, `R`. The instance may then
 //! grant its share of that, `⌈R / k⌉` for `k` instances, until the next sync. A key seen for the
 //! first time starts with `⌈B / k⌉` (`B` = burst).
@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::{Acquire, Store, StoreError};
+use super::{Ask, Store, StoreError};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
@@ -100,7 +100,7 @@ impl<S: Store> HybridStore<S> {
     }
 }
 
-impl<S: Store> HybridStoreBuilder<S> {
+impl<S: Store + 'static> HybridStoreBuilder<S> {
     /// How many instances share the store (`k`, default 1): each takes `1/k` of what is left
     /// at every sync.
     pub fn instances(mut self, instances: u64) -> Self {
@@ -166,15 +166,11 @@ impl<S: Store> Shared<S> {
         if batch.is_empty() {
             return;
         }
-        let requests: Vec<Acquire<'_>> = batch
+        let requests: Vec<Ask<'_>> = batch
             .iter()
-            .map(|(key, quota, pending)| Acquire {
-                key,
-                quota,
-                cost: *pending,
-            })
+            .map(|(key, quota, pending)| Ask::new(key, quota).cost(*pending))
             .collect();
-        let mut results = self.store.acquire_many(&requests).await;
+        let mut results = self.store.check_many(&requests).await;
         // Units that did not fit were granted here already (the overshoot): push what still
         // fits, so the store's count reaches the limit and every allowance drops to 0.
         let overflow: Vec<(usize, u64)> = results
@@ -186,14 +182,11 @@ impl<S: Store> Shared<S> {
             })
             .collect();
         if !overflow.is_empty() {
-            let retry: Vec<Acquire<'_>> = overflow
+            let retry: Vec<Ask<'_>> = overflow
                 .iter()
-                .map(|&(i, fits)| Acquire {
-                    cost: fits.min(requests[i].cost),
-                    ..requests[i]
-                })
+                .map(|&(i, fits)| requests[i].cost(fits.min(requests[i].cost)))
                 .collect();
-            let again = self.store.acquire_many(&retry).await;
+            let again = self.store.check_many(&retry).await;
             for (&(i, _), result) in overflow.iter().zip(again) {
                 results[i] = result;
             }
@@ -229,7 +222,10 @@ impl<S: Store> HybridStore<S> {
         &self.shared.store
     }
 
-    fn decide(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
+    fn decide(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
+        let Ask {
+            key, quota, cost, ..
+        } = ask;
         quota.check_cost(cost)?;
         let shared = &*self.shared;
         let mut keys = shared.keys.lock();
@@ -260,18 +256,23 @@ impl<S: Store> HybridStore<S> {
             } else {
                 retry.max(shared.sync_every)
             };
-            return Ok(Decision::deny(quota.limit(), remaining, reset, wait));
+            return Ok(Decision::deny(quota, remaining, reset, wait));
         }
         entry.allowance -= cost;
         entry.pending += cost;
         let remaining = remaining.saturating_sub(entry.pending);
-        Ok(Decision::allow(quota.limit(), remaining, reset))
+        Ok(Decision::allow(quota, remaining, reset))
     }
 }
 
 impl<S: Store> Store for HybridStore<S> {
-    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
-        self.decide(key, quota, cost)
+    async fn check(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
+        self.decide(ask)
+    }
+
+    /// Always answers: every decision is local.
+    fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(self.decide(ask))
     }
 
     /// Gives back units not yet pushed; the rest are refunded in the store.
@@ -317,24 +318,24 @@ mod tests {
             .instances(3)
             .sync_every(Duration::from_secs(3600))
             .build();
-        let q = Quota::per_hour(30).unwrap();
+        let q = Quota::per_hour(30);
         // Before any sync: ⌈30 / 3⌉ = 10.
         for _ in 0..10 {
-            assert!(store.acquire("k", &q, 1).await.unwrap().allowed);
+            assert!(store.check(Ask::new("k", &q)).await.unwrap().allowed);
         }
-        assert!(!store.acquire("k", &q, 1).await.unwrap().allowed);
+        assert!(!store.check(Ask::new("k", &q)).await.unwrap().allowed);
         store.sync_now().await;
         // The store has 10 of 30 used: ⌈20 / 3⌉ = 7 more here.
-        assert_eq!(store.inner().acquire_now("k", &q, 0).unwrap().remaining, 20);
+        assert_eq!(store.inner().peek("k", &q).await.unwrap().remaining, 20);
         for _ in 0..7 {
-            assert!(store.acquire("k", &q, 1).await.unwrap().allowed);
+            assert!(store.check(Ask::new("k", &q)).await.unwrap().allowed);
         }
-        let d = store.acquire("k", &q, 1).await.unwrap();
+        let d = store.check(Ask::new("k", &q)).await.unwrap();
         assert!(!d.allowed);
         assert_eq!(d.remaining, 13);
         // Refunds come out of pending first.
         store.refund("k", &q, 2).await.unwrap();
         store.sync_now().await;
-        assert_eq!(store.inner().acquire_now("k", &q, 0).unwrap().remaining, 15);
+        assert_eq!(store.inner().peek("k", &q).await.unwrap().remaining, 15);
     }
 }

@@ -4,16 +4,15 @@ use std::future::{Future, ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Store, StoreError};
+use super::{Ask, Store, StoreError};
 use crate::algorithm::State;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::decision::Decision;
 use crate::local::table::{ShardedMap, TableStats};
-use crate::local::{Cell, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell, decide, lag_of};
+use crate::local::{
+    Cell, DEFAULT_MAX_KEYS, FixedCell, GcraCell, LeakyCell, LogCell, SlidingCell, decide, lag_of,
+};
 use crate::quota::{Algorithm, Quota};
-
-/// Keys the memory store holds per algorithm by default.
-pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 
 /// A cell that also remembers when its state goes idle. Keys in one store carry different
 /// quotas, so the time cannot be recomputed from the state alone when making room.
@@ -135,7 +134,7 @@ impl MemoryStoreBuilder<MonotonicClock> {
 }
 
 impl<C: Clock> MemoryStoreBuilder<C> {
-    /// The most keys held per algorithm (default [`DEFAULT_MAX_KEYS`]).
+    /// The most keys held per algorithm (default [`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS)).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self
@@ -209,18 +208,22 @@ macro_rules! with_map {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// Asks for `cost` units right now, synchronously. The [`Store`] methods call this.
-    pub fn acquire_now(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
+    /// Decides `ask` right now. [`Store::check`] and [`Store::check_now`] call this.
+    #[inline]
+    pub(crate) fn answer(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
+        let Ask {
+            key, quota, cost, ..
+        } = ask;
         quota.check_cost(cost)?;
         Ok(with_map!(self, quota, m => {
             decide(&self.clock, self.lag, |now| {
-                update(m, key, quota, now, |s| s.acquire(quota, cost, now))
+                update(m, key, quota, now, |s| s.check(quota, cost, now))
             })
         }))
     }
 
     /// Gives back `units`, synchronously.
-    pub fn refund_now(&self, key: &str, quota: &Quota, units: u64) {
+    pub(crate) fn refund_now(&self, key: &str, quota: &Quota, units: u64) {
         let now = self.clock.now();
         with_map!(self, quota, m => {
             m.get(key, |t| t.cell.update(|s| s.refund(quota, units, now)));
@@ -228,7 +231,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Forgets `key` for `quota`'s algorithm, synchronously.
-    pub fn reset_now(&self, key: &str, quota: &Quota) {
+    pub(crate) fn reset_now(&self, key: &str, quota: &Quota) {
         with_map!(self, quota, m => {
             m.remove(key);
         });
@@ -268,22 +271,13 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
-    fn acquire(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        ready(self.acquire_now(key, quota, cost))
+    fn check(&self, ask: Ask<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(self.answer(ask))
     }
 
-    fn try_acquire_now(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        Some(self.acquire_now(key, quota, cost))
+    #[inline]
+    fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(self.answer(ask))
     }
 
     fn refund(

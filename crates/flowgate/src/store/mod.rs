@@ -16,14 +16,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-pub use fallback::{FallbackStats, FallbackStore, FallbackStoreBuilder};
+pub use fallback::{FallbackStats, FallbackStore, FallbackStoreBuilder, local_share};
 #[cfg(feature = "redis")]
 pub use hybrid::{HybridStore, HybridStoreBuilder};
-pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
+pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 
-use crate::decision::Decision;
+use crate::decision::{Decision, FailMode};
 use crate::quota::{InsufficientCapacity, Quota};
 
 /// Why a store could not decide.
@@ -53,132 +53,171 @@ impl StoreError {
     }
 }
 
-/// One request in a batch for [`Store::acquire_many`].
-#[derive(Debug, Clone, Copy)]
-pub struct Acquire<'a> {
+/// What a store is asked: `cost` units of the counter `key` under `quota`, and what to do if
+/// the store cannot answer.
+///
+/// ```
+/// use flowgate::{store::Ask, FailMode, Quota};
+/// let quota = Quota::per_minute(100);
+/// let ask = Ask::new("tenant:42", &quota).cost(5).fail(FailMode::Closed);
+/// assert_eq!((ask.cost, ask.fail), (5, Some(FailMode::Closed)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ask<'a> {
     /// The counter's key.
     pub key: &'a str,
     /// The quota to enforce on it.
     pub quota: &'a Quota,
-    /// Units asked for (0 peeks).
+    /// Units asked for (default 1; 0 peeks).
     pub cost: u64,
+    /// What to decide if the store cannot be reached, applied by a [`FallbackStore`]; `None`
+    /// leaves it to the fallback store's default. Other stores report the error.
+    pub fail: Option<FailMode>,
+}
+
+impl<'a> Ask<'a> {
+    /// One unit of `key` under `quota`, the store's default fail mode.
+    #[inline]
+    pub fn new(key: &'a str, quota: &'a Quota) -> Self {
+        Ask {
+            key,
+            quota,
+            cost: 1,
+            fail: None,
+        }
+    }
+
+    /// The same, for `cost` units.
+    #[inline]
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// The same, with this [`FailMode`] (`None`: the fallback store's default).
+    #[inline]
+    pub fn fail(mut self, mode: impl Into<Option<FailMode>>) -> Self {
+        self.fail = mode.into();
+        self
+    }
 }
 
 /// A place to keep limits' state: the embedded [`MemoryStore`], Redis, or your own.
 ///
 /// Every method is given the quota, so one store serves any number of limits; a key must always
-/// be used with the same algorithm (the policy layer builds keys that guarantee it).
+/// be used with the same algorithm (the policy layer builds keys that guarantee it). The verbs
+/// are those of the in-process limiters: `check` asks for units and takes them if granted,
+/// `peek` takes nothing, `refund` gives units back, `reset` forgets a key.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use flowgate::{store::{MemoryStore, Store}, Quota};
+/// use flowgate::{store::{Ask, MemoryStore, Store}, Quota};
 /// let store = MemoryStore::new();
-/// let quota = Quota::per_minute(100)?;
-/// let decision = store.acquire("tenant:42", &quota, 1).await?;
+/// let quota = Quota::per_minute(100);
+/// let decision = store.check(Ask::new("tenant:42", &quota)).await?;
 /// assert!(decision.allowed);
 /// assert_eq!(decision.remaining, 99);
 /// # Ok(()) }
 /// ```
-pub trait Store: Send + Sync + 'static {
-    /// Asks for `cost` units of `key`'s `quota`. A denial is `Ok` with `allowed == false`;
+pub trait Store: Send + Sync {
+    /// Asks for `ask.cost` units of `ask.key`. A denial is `Ok` with `allowed == false`;
     /// `cost > burst` is [`StoreError::Capacity`].
-    fn acquire(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+    ///
+    /// (Every method takes one lifetime for the store and its arguments, so stores may return
+    /// boxed futures; callers' shorter-lived keys are fine.)
+    fn check<'a>(
+        &'a self,
+        ask: Ask<'a>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
 
-    /// The answer to [`acquire`](Self::acquire) without waiting, from a store that decides in
+    /// The answer to [`check`](Self::check) without waiting, from a store that decides in
     /// memory; `None` (the default) when the store has to be asked asynchronously. When it
-    /// answers, it has taken the units exactly as `acquire` would have. Callers on a hot path
-    /// (the HTTP layer) try it first, which spares them boxing `acquire`'s future.
+    /// answers, it has taken the units exactly as `check` would have. Callers on a hot path
+    /// (the HTTP layer, the service) try it first, which spares them boxing `check`'s future.
     ///
     /// ```
-    /// use flowgate::{store::{MemoryStore, Store}, Quota};
+    /// use flowgate::{store::{Ask, MemoryStore, Store}, Quota};
     /// let store = MemoryStore::new();
-    /// let quota = Quota::per_minute(100)?;
-    /// let decision = store.try_acquire_now("tenant:42", &quota, 1).expect("in memory")?;
+    /// let quota = Quota::per_minute(100);
+    /// let decision = store.check_now(Ask::new("tenant:42", &quota)).expect("in memory")?;
     /// assert_eq!(decision.remaining, 99);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    fn try_acquire_now(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        let _ = (key, quota, cost);
+    fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        let _ = ask;
         None
     }
 
-    /// Asks for several counters at once, each decided on its own (not all-or-nothing). Stores
-    /// that talk to a server send them together; the default asks one after another. Requests
-    /// for the same key within one call may be decided in either order, as concurrent calls
-    /// would be.
-    fn acquire_many(
-        &self,
-        requests: &[Acquire<'_>],
-    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
+    /// Asks for several counters at once, each decided on its own (not all-or-nothing: see
+    /// [`limits::check_all`](crate::limits::check_all) for that). Stores that talk to a server
+    /// send them together; the default asks one after another. Asks for the same key within
+    /// one call may be decided in either order, as concurrent calls would be.
+    fn check_many<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send + 'a {
         async move {
-            let mut decisions = Vec::with_capacity(requests.len());
-            for request in requests {
-                decisions.push(self.acquire(request.key, request.quota, request.cost).await);
+            let mut decisions = Vec::with_capacity(asks.len());
+            for ask in asks {
+                decisions.push(self.check(*ask).await);
             }
             decisions
         }
     }
 
     /// What a request would be told now, taking nothing.
-    fn peek(
-        &self,
-        key: &str,
-        quota: &Quota,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.acquire(key, quota, 0)
+    fn peek<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        self.check(Ask::new(key, quota).cost(0))
     }
 
     /// Gives back `units` taken earlier (a request another limit denied, cancelled work).
-    fn refund(
-        &self,
-        key: &str,
-        quota: &Quota,
+    fn refund<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
         units: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Forgets `key`: its next request sees the full quota.
-    fn reset(
-        &self,
-        key: &str,
-        quota: &Quota,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn reset<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 }
 
 /// A boxed future, for [`DynStore`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// [`Store`] in a form that can be a trait object (`Arc<dyn DynStore>`), for choosing the
-/// backend at run time. Every `Store` is a `DynStore`, and `Arc<dyn DynStore>` is a `Store`.
-pub trait DynStore: Send + Sync + 'static {
-    /// See [`Store::acquire`].
-    fn acquire_boxed<'a>(
+/// backend at run time. Every `Store` is a `DynStore`, and `dyn DynStore` (so also
+/// `Arc<dyn DynStore>`) is a `Store`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use flowgate::{store::{Ask, DynStore, MemoryStore, Store}, Quota};
+/// let store: Arc<dyn DynStore> = Arc::new(MemoryStore::new());
+/// let quota = Quota::per_second(5);
+/// assert!(store.check(Ask::new("k", &quota)).await?.allowed);
+/// # Ok(()) }
+/// ```
+pub trait DynStore: Send + Sync {
+    /// See [`Store::check`].
+    fn check_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<Decision, StoreError>>;
+    /// See [`Store::check_now`].
+    fn check_now_dyn(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>>;
+    /// See [`Store::check_many`].
+    fn check_many_boxed<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
-    /// See [`Store::try_acquire_now`].
-    fn try_acquire_now_dyn(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>>;
-    /// See [`Store::acquire_many`].
-    fn acquire_many_boxed<'a>(
-        &'a self,
-        requests: &'a [Acquire<'a>],
+        asks: &'a [Ask<'a>],
     ) -> BoxFuture<'a, Vec<Result<Decision, StoreError>>>;
     /// See [`Store::refund`].
     fn refund_boxed<'a>(
@@ -196,27 +235,17 @@ pub trait DynStore: Send + Sync + 'static {
 }
 
 impl<S: Store> DynStore for S {
-    fn acquire_boxed<'a>(
-        &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.acquire(key, quota, cost))
+    fn check_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.check(ask))
     }
-    fn try_acquire_now_dyn(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        self.try_acquire_now(key, quota, cost)
+    fn check_now_dyn(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        self.check_now(ask)
     }
-    fn acquire_many_boxed<'a>(
+    fn check_many_boxed<'a>(
         &'a self,
-        requests: &'a [Acquire<'a>],
+        asks: &'a [Ask<'a>],
     ) -> BoxFuture<'a, Vec<Result<Decision, StoreError>>> {
-        Box::pin(self.acquire_many(requests))
+        Box::pin(self.check_many(asks))
     }
     fn refund_boxed<'a>(
         &'a self,
@@ -235,25 +264,81 @@ impl<S: Store> DynStore for S {
     }
 }
 
-impl Store for Arc<dyn DynStore> {
-    async fn acquire(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision, StoreError> {
-        (**self).acquire_boxed(key, quota, cost).await
+// The futures are the boxed ones, named types, so callers can prove them `Send` (an `async fn`
+// here would hide that behind an opaque type). For every object lifetime, so that async code
+// generic over a store can be proven `Send` for `&dyn DynStore` too.
+impl Store for dyn DynStore + '_ {
+    fn check<'a>(
+        &'a self,
+        ask: Ask<'a>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        self.check_boxed(ask)
     }
-    fn try_acquire_now(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        (**self).try_acquire_now_dyn(key, quota, cost)
+    fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        self.check_now_dyn(ask)
     }
-    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Vec<Result<Decision, StoreError>> {
-        (**self).acquire_many_boxed(requests).await
+    fn check_many<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send + 'a {
+        self.check_many_boxed(asks)
     }
-    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
-        (**self).refund_boxed(key, quota, units).await
+    fn refund<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
+        units: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.refund_boxed(key, quota, units)
     }
-    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
-        (**self).reset_boxed(key, quota).await
+    fn reset<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.reset_boxed(key, quota)
+    }
+}
+
+/// A shared store is a store: `Arc<MemoryStore>`, `Arc<RedisStore>`, `Arc<dyn DynStore>`.
+impl<S: Store + ?Sized> Store for Arc<S> {
+    #[inline]
+    fn check<'a>(
+        &'a self,
+        ask: Ask<'a>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        (**self).check(ask)
+    }
+    #[inline]
+    fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        (**self).check_now(ask)
+    }
+    fn check_many<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+    ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send + 'a {
+        (**self).check_many(asks)
+    }
+    fn peek<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        (**self).peek(key, quota)
+    }
+    fn refund<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
+        units: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        (**self).refund(key, quota, units)
+    }
+    fn reset<'a>(
+        &'a self,
+        key: &'a str,
+        quota: &'a Quota,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        (**self).reset(key, quota)
     }
 }

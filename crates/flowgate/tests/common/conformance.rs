@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use flowgate::clock::{ManualClock, Nanos};
-use flowgate::store::{Store, StoreError};
-use flowgate::{Algorithm, Decision, Quota};
+use flowgate::store::{Ask, Store, StoreError};
+use flowgate::{Algorithm, Quota};
 use serde::Deserialize;
 
 /// The table, compiled into the test binary.
@@ -226,7 +226,7 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
                 .await
                 .unwrap_or_else(|e| panic!("{}: reset failed: {e}", context())),
             Op::Acquire { cost, expect } => {
-                let actual = store.acquire(key, quota, *cost).await;
+                let actual = store.check(Ask::new(key, quota).cost(*cost)).await;
                 match (expect, actual) {
                     (Expected::CapacityError, Err(StoreError::Capacity(_))) => {}
                     (
@@ -238,15 +238,25 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
                         },
                         Ok(actual),
                     ) => {
-                        let expected = Decision {
-                            allowed: *allowed,
-                            limit: quota.limit(),
-                            remaining: *remaining,
-                            retry_after: *retry_after,
-                            reset_after: *reset_after,
-                            fallback: None,
-                        };
-                        assert_eq!(actual, expected, "{}", context());
+                        let got = (
+                            actual.allowed,
+                            actual.limit,
+                            actual.burst,
+                            actual.remaining,
+                            actual.retry_after,
+                            actual.reset_after,
+                            actual.fallback,
+                        );
+                        let expected = (
+                            *allowed,
+                            quota.limit(),
+                            quota.burst(),
+                            *remaining,
+                            *retry_after,
+                            *reset_after,
+                            None,
+                        );
+                        assert_eq!(got, expected, "{}", context());
                         if actual.allowed && *cost > 0 {
                             granted.push((now, *cost));
                         }
@@ -259,7 +269,7 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
         }
     }
     if trace.check_window_bound {
-        let period = quota.period_nanos();
+        let period = quota.period().as_nanos() as u64;
         for &(t, _) in &granted {
             let in_window: u64 = granted
                 .iter()

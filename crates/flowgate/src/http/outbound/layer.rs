@@ -37,7 +37,7 @@ pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// use tower::{service_fn, Layer, ServiceExt};
 ///
 /// // The SMS gateway allows 5 requests per second; never wait more than 2 s.
-/// let layer = OutboundLimitLayer::builder(Quota::per_second(5)?.with_burst(1)?)
+/// let layer = OutboundLimitLayer::builder(Quota::per_second(5).with_burst(1)?)
 ///     .max_delay(Duration::from_secs(2))
 ///     .clock(TokioClock::new())
 ///     .build();

@@ -134,7 +134,7 @@ fn call(
     async move {
         let algorithm = group[0].quota.algorithm();
         let keys: Vec<String> = group.iter().map(|j| j.key.clone()).collect();
-        let args = script::args(now, Mode::Acquire, group.iter().map(|j| (&j.quota, j.cost)));
+        let args = script::args(now, Mode::Check, group.iter().map(|j| (&j.quota, j.cost)));
         let reply = tokio::time::timeout(
             timeout,
             conn.eval(

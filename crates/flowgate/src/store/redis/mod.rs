@@ -30,13 +30,13 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), flowgate::store::StoreError> {
-//! use flowgate::{store::{RedisStore, Store}, Quota};
+//! use flowgate::{store::{Ask, RedisStore, Store}, Quota};
 //! let store = RedisStore::builder("redis://127.0.0.1:6379")
 //!     .prefix("myapp:")
 //!     .connect()
 //!     .await?;
-//! let quota = Quota::per_minute(100).expect("a valid quota");
-//! let decision = store.acquire("tenant:42", &quota, 1).await?;
+//! let quota = Quota::per_minute(100);
+//! let decision = store.check(Ask::new("tenant:42", &quota)).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -57,7 +57,7 @@ pub use script::{UnsupportedQuota, check_quota};
 use self::batch::Job;
 use self::conn::{Connection, Target};
 use self::script::Mode;
-use super::{Acquire, Store, StoreError};
+use super::{Ask, Store, StoreError};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
@@ -270,13 +270,8 @@ impl RedisStoreBuilder {
 }
 
 impl Store for RedisStore {
-    fn acquire(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let job = self.job(key, quota, cost);
+    fn check(&self, ask: Ask<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let job = self.job(ask.key, ask.quota, ask.cost);
         async move {
             let deadline = tokio::time::Instant::now() + self.inner.timeout;
             let (job, answer) = job?;
@@ -285,13 +280,13 @@ impl Store for RedisStore {
         }
     }
 
-    fn acquire_many(
+    fn check_many(
         &self,
-        requests: &[Acquire<'_>],
+        asks: &[Ask<'_>],
     ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
-        let jobs: Vec<_> = requests
+        let jobs: Vec<_> = asks
             .iter()
-            .map(|r| self.job(r.key, r.quota, r.cost))
+            .map(|a| self.job(a.key, a.quota, a.cost))
             .collect();
         async move {
             let deadline = tokio::time::Instant::now() + self.inner.timeout;

@@ -111,7 +111,7 @@ pub enum UnsupportedQuota {
 pub fn check_quota(quota: &Quota) -> Result<(), UnsupportedQuota> {
     let algorithm = quota.algorithm();
     if matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
-        && quota.period_nanos() % 1000 != 0
+        && !quota.period_nanos().is_multiple_of(1000)
     {
         return Err(UnsupportedQuota::PeriodNotWholeMicros {
             algorithm,
@@ -135,11 +135,11 @@ pub fn check_quota(quota: &Quota) -> Result<(), UnsupportedQuota> {
     Ok(())
 }
 
-/// Whether a script call acquires or refunds.
+/// Whether a script call checks (and takes) or refunds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
     /// Take `cost` units (0 peeks).
-    Acquire,
+    Check,
     /// Give back `cost` units.
     Refund,
 }
@@ -217,7 +217,7 @@ pub(super) fn args<'a>(
         ((now / 1000).to_string(), (now % 1000).to_string())
     });
     let mode = match mode {
-        Mode::Acquire => "0",
+        Mode::Check => "0",
         Mode::Refund => "1",
     };
     Args {
@@ -257,7 +257,7 @@ pub(super) fn reply_now(reply: &[i64]) -> Result<Nanos, StoreError> {
     }
 }
 
-/// Turns one request's slice of an acquire reply into its decision, replaying the reference
+/// Turns one request's slice of a check reply into its decision, replaying the reference
 /// transition on the state the script read.
 pub(super) fn decide(
     key: &str,
@@ -276,23 +276,23 @@ pub(super) fn decide(
         _ => return Err(malformed()),
     };
     let decision = match (quota.algorithm(), state) {
-        (Algorithm::Gcra, &[u, r]) => Gcra { tat: join(u, r)? }.acquire(quota, cost, now),
+        (Algorithm::Gcra, &[u, r]) => Gcra { tat: join(u, r)? }.check(quota, cost, now),
         (Algorithm::LeakyBucket, &[lu, lr, uu, ur]) => LeakyBucket {
             level: join(lu, lr)?,
             updated: join(uu, ur)?,
         }
-        .acquire(quota, cost, now),
+        .check(quota, cost, now),
         (Algorithm::FixedWindow, &[w, c]) => FixedWindow {
             window: count(w)?,
             count: count(c)?,
         }
-        .acquire(quota, cost, now),
+        .check(quota, cost, now),
         (Algorithm::SlidingWindow, &[w, c, p]) => SlidingWindow {
             window: count(w)?,
             current: count(c)?,
             previous: count(p)?,
         }
-        .acquire(quota, cost, now),
+        .check(quota, cost, now),
         (Algorithm::SlidingLog, &[held, lu, lr, ru, rr]) => {
             log_decision(quota, allowed, count(held)?, (lu, lr), (ru, rr), now)?
         }
@@ -328,10 +328,10 @@ fn log_decision(
     };
     let remaining = limit.checked_sub(held).ok_or_else(malformed)?;
     if allowed {
-        Ok(Decision::allow(limit, remaining, reset))
+        Ok(Decision::allow(quota, remaining, reset))
     } else {
         let retry = (join(retry.0, retry.1)? + period).saturating_sub(now);
-        Ok(Decision::deny(limit, remaining, reset, retry))
+        Ok(Decision::deny(quota, remaining, reset, retry))
     }
 }
 
@@ -367,7 +367,7 @@ mod tests {
             Err(UnsupportedQuota::LimitTooLarge { .. })
         ));
         for a in Algorithm::ALL {
-            let q = Quota::per_minute(100).unwrap().with_algorithm(a).unwrap();
+            let q = Quota::per_minute(100).with_algorithm(a).unwrap();
             assert_eq!(check_quota(&q), Ok(()));
         }
     }

@@ -1,21 +1,21 @@
-//! [`Policy`]: which limits a request is checked against, with which key and quota.
+//! [`Limits`]: which limits a request is checked against, with which key, quota and fail mode.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::HeaderValue;
 use http::request::Parts;
 
-use super::error::PolicyError;
-use super::headers::policy_item;
+use super::error::LimitsError;
+use super::headers::policy_item_value;
 use super::key::{KeyExtractor, KeyRejection};
+use crate::decision::FailMode;
 use crate::quota::Quota;
 
 /// A quota of a limit (for one tier, or for all), with what each request needs of it formatted
 /// once: its `RateLimit-Policy` item and the start of its store keys.
 #[derive(Debug, Clone)]
-pub(crate) struct Priced {
+pub(crate) struct Tier {
     /// The quota.
     pub(crate) quota: Quota,
     /// `"name";q=…;w=…`.
@@ -24,14 +24,13 @@ pub(crate) struct Priced {
     key_prefix: Box<str>,
 }
 
-impl Priced {
+impl Tier {
     /// `quota` for tier `tier` (`""` for a limit without tiers, `*` for `otherwise`) of limit
     /// `name`.
     fn new(name: &str, tier: &str, quota: Quota) -> Self {
-        let item = HeaderValue::from_maybe_shared(Bytes::from(policy_item(name, &quota)))
-            .unwrap_or(HeaderValue::from_static(""));
+        let item = policy_item_value(name, &quota);
         let key_prefix = format!("{name}:{tier}:").into_boxed_str();
-        Priced {
+        Tier {
             quota,
             item,
             key_prefix,
@@ -41,34 +40,35 @@ impl Priced {
 
 /// How a limit picks its quota.
 enum Quotas {
-    /// The same quota for every key.
-    One(Priced),
+    /// The same quota for every key. `misused` records a [`Limit::tier`] or
+    /// [`Limit::otherwise`] call on such a limit, refused when the layer is built.
+    One(Tier, Option<&'static str>),
     /// A quota per tier, the tier read from the request.
     Tiered {
         /// Reads the tier (`free`, `enterprise`, a route template).
         tier: Box<dyn KeyExtractor>,
         /// Quota per tier value.
-        tiers: HashMap<String, Priced>,
+        tiers: HashMap<String, Tier>,
         /// The quota for a tier not in `tiers`; `None` skips the limit for such requests.
-        otherwise: Option<Priced>,
+        otherwise: Option<Tier>,
     },
 }
 
-/// One limit of a [`Policy`]: a name (shown to clients in the `RateLimit` headers), a key
-/// extractor, and a quota — the same for everyone, or one per tier.
+/// One limit of a set of [`Limits`]: a name (shown to clients in the `RateLimit` headers), a
+/// key extractor, and a quota — the same for everyone, or one per tier.
 ///
 /// ```
 /// use flowgate::{http::{key::{Header, PeerIp}, Limit}, Quota};
 ///
-/// let per_ip = Limit::new("per-ip", PeerIp::new(), Quota::per_second(50)?);
+/// let per_ip = Limit::new("per-ip", PeerIp::new(), Quota::per_second(50));
 /// // Free 10 r/s burst 20, Enterprise 500 r/s burst 1000, by the X-Plan header.
 /// let per_key = Limit::tiered(
 ///         "per-key",
 ///         Header::new(http::HeaderName::from_static("x-api-key")),
 ///         Header::new(http::HeaderName::from_static("x-plan")),
 ///     )
-///     .tier("free", Quota::per_second(10)?.with_burst(20)?)
-///     .tier("enterprise", Quota::per_second(500)?.with_burst(1000)?);
+///     .tier("free", Quota::per_second(10).with_burst(20)?)
+///     .tier("enterprise", Quota::per_second(500).with_burst(1000)?);
 /// # let _ = (per_ip, per_key);
 /// # Ok::<(), flowgate::QuotaError>(())
 /// ```
@@ -83,6 +83,9 @@ pub struct Limit {
     cost: u64,
     /// Counted but never denies (to try a limit out on live traffic).
     shadow: bool,
+    /// What a fallback store decides for this limit while the shared store is away; `None`:
+    /// the fallback store's default.
+    fail: Option<FailMode>,
 }
 
 impl std::fmt::Debug for Limit {
@@ -91,6 +94,7 @@ impl std::fmt::Debug for Limit {
             .field("name", &self.name)
             .field("cost", &self.cost)
             .field("shadow", &self.shadow)
+            .field("fail", &self.fail)
             .finish_non_exhaustive()
     }
 }
@@ -100,11 +104,12 @@ impl Limit {
     pub fn new(name: impl Into<String>, key: impl KeyExtractor, quota: Quota) -> Self {
         let name: Arc<str> = name.into().into();
         Limit {
-            quotas: Quotas::One(Priced::new(&name, "", quota)),
+            quotas: Quotas::One(Tier::new(&name, "", quota), None),
             name,
             key: Box::new(key),
             cost: 1,
             shadow: false,
+            fail: None,
         }
     }
 
@@ -127,24 +132,41 @@ impl Limit {
             },
             cost: 1,
             shadow: false,
+            fail: None,
         }
     }
 
-    /// The quota for tier `value`. (Ignored on a limit made with [`new`](Self::new).)
+    /// The quota for tier `value`. Only for a limit made with [`tiered`](Self::tiered): on
+    /// another, building the layer fails with [`LimitsError::NotTiered`].
     pub fn tier(mut self, value: impl Into<String>, quota: Quota) -> Self {
-        if let Quotas::Tiered { tiers, .. } = &mut self.quotas {
-            let value = value.into();
-            let priced = Priced::new(&self.name, &value, quota);
-            tiers.insert(value, priced);
+        match &mut self.quotas {
+            Quotas::Tiered { tiers, .. } => {
+                let value = value.into();
+                let tier = Tier::new(&self.name, &value, quota);
+                tiers.insert(value, tier);
+            }
+            Quotas::One(_, misused) => *misused = Some("tier"),
         }
         self
     }
 
-    /// The quota for tiers not named with [`tier`](Self::tier).
+    /// The quota for tiers not named with [`tier`](Self::tier). Only for a limit made with
+    /// [`tiered`](Self::tiered), like `tier`.
     pub fn otherwise(mut self, quota: Quota) -> Self {
-        if let Quotas::Tiered { otherwise, .. } = &mut self.quotas {
-            *otherwise = Some(Priced::new(&self.name, "*", quota));
+        match &mut self.quotas {
+            Quotas::Tiered { otherwise, .. } => {
+                *otherwise = Some(Tier::new(&self.name, "*", quota));
+            }
+            Quotas::One(_, misused) => *misused = Some("otherwise"),
         }
+        self
+    }
+
+    /// What to decide for this limit while a shared store is away (applied by a
+    /// [`FallbackStore`](crate::store::FallbackStore); without one, a store error is answered
+    /// 503). Default: the fallback store's own default.
+    pub fn fail(mut self, mode: FailMode) -> Self {
+        self.fail = Some(mode);
         self
     }
 
@@ -183,9 +205,9 @@ impl Limit {
         &self,
         parts: &Parts,
         store_key: &mut String,
-    ) -> Result<Option<&Priced>, KeyRejection> {
+    ) -> Result<Option<&Tier>, KeyRejection> {
         let priced = match &self.quotas {
-            Quotas::One(p) => p,
+            Quotas::One(p, _) => p,
             Quotas::Tiered {
                 tier,
                 tiers,
@@ -207,21 +229,27 @@ impl Limit {
         Ok(Some(priced))
     }
 
+    /// What the limit decides while a shared store is away.
+    pub(crate) fn fail_mode(&self) -> Option<FailMode> {
+        self.fail
+    }
+
     /// This limit as it applies to one request.
-    pub(crate) fn applied(&self, store_key: String, priced: &Priced) -> Applied {
-        Applied {
+    pub(crate) fn selected(&self, store_key: String, tier: &Tier) -> Selected {
+        Selected {
             name: self.name.clone(),
             store_key,
-            quota: priced.quota,
-            policy_item: priced.item.clone(),
+            quota: tier.quota,
+            policy_item: tier.item.clone(),
             cost: self.cost,
             enforced: !self.shadow,
+            fail: self.fail,
         }
     }
 
     fn quotas(&self) -> Vec<(Option<&str>, &Quota)> {
         match &self.quotas {
-            Quotas::One(p) => vec![(None, &p.quota)],
+            Quotas::One(p, _) => vec![(None, &p.quota)],
             Quotas::Tiered {
                 tiers, otherwise, ..
             } => tiers
@@ -236,15 +264,23 @@ impl Limit {
 /// The limits a request is checked against. A request passes only if every limit (shadow
 /// limits aside) allows it; units taken from the limits that allowed are given back when
 /// another denies.
+///
+/// ```
+/// use flowgate::{http::{key::PeerIp, Limit, Limits}, Quota};
+/// let limits = Limits::new()
+///     .limit(Limit::new("per-ip", PeerIp::new(), Quota::per_second(10)))
+///     .limit(Limit::new("everyone", flowgate::http::key::Global::default(), Quota::per_second(1000)));
+/// assert_eq!(limits.iter().count(), 2);
+/// ```
 #[derive(Debug, Default)]
-pub struct Policy {
+pub struct Limits {
     /// The limits, in the order they are reported.
     limits: Vec<Limit>,
 }
 
 /// One limit as it applies to one request: the store key, the quota and the cost.
 #[derive(Debug, Clone)]
-pub(crate) struct Applied {
+pub(crate) struct Selected {
     /// The limit's name.
     pub(crate) name: Arc<str>,
     /// `name:tier:key` (see [`Limit::select`]).
@@ -257,17 +293,19 @@ pub(crate) struct Applied {
     pub(crate) cost: u64,
     /// Whether the limit may deny.
     pub(crate) enforced: bool,
+    /// Its fail mode, for the store.
+    pub(crate) fail: Option<FailMode>,
 }
 
-impl Policy {
-    /// An empty policy; add limits with [`limit`](Self::limit).
+impl Limits {
+    /// No limits yet; add them with [`limit`](Self::limit).
     pub fn new() -> Self {
-        Policy::default()
+        Limits::default()
     }
 
-    /// A policy of one limit for everyone together: `quota` shared by all requests.
+    /// One limit for everyone together, named `global`: `quota` shared by all requests.
     pub fn global(quota: Quota) -> Self {
-        Policy::new().limit(Limit::new("global", super::key::Global::default(), quota))
+        Limits::new().limit(Limit::new("global", super::key::Global::default(), quota))
     }
 
     /// Adds a limit.
@@ -276,8 +314,8 @@ impl Policy {
         self
     }
 
-    /// The limits.
-    pub fn limits(&self) -> impl Iterator<Item = &Limit> {
+    /// The limits, in the order they are reported.
+    pub fn iter(&self) -> impl Iterator<Item = &Limit> {
         self.limits.iter()
     }
 
@@ -289,32 +327,39 @@ impl Policy {
         }
     }
 
-    /// Checks names, tiers and costs: every name is a valid, unique policy identifier and every
-    /// cost fits its quotas' bursts, so no request can fail on them later.
-    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
+    /// Checks names, tiers and costs: every name is a valid, unique policy identifier, tiers
+    /// are only given to tiered limits, and every cost fits its quotas' bursts, so no request
+    /// can fail on them later.
+    pub(crate) fn validate(&self) -> Result<(), LimitsError> {
         if self.limits.is_empty() {
-            return Err(PolicyError::Empty);
+            return Err(LimitsError::Empty);
         }
         let mut seen = std::collections::HashSet::new();
         for limit in &self.limits {
             let name = limit.name();
             if !valid_name(name) {
-                return Err(PolicyError::InvalidName(name.to_owned()));
+                return Err(LimitsError::InvalidName(name.to_owned()));
             }
             if !seen.insert(name) {
-                return Err(PolicyError::DuplicateName(name.to_owned()));
+                return Err(LimitsError::DuplicateName(name.to_owned()));
+            }
+            if let Quotas::One(_, Some(method)) = &limit.quotas {
+                return Err(LimitsError::NotTiered {
+                    limit: name.to_owned(),
+                    method,
+                });
             }
             for (tier, quota) in limit.quotas() {
                 // `*` is the store-key tier of `otherwise`.
                 if let Some(tier) = tier.filter(|t| t.is_empty() || *t == "*" || t.contains(':')) {
-                    return Err(PolicyError::InvalidTier {
+                    return Err(LimitsError::InvalidTier {
                         limit: name.to_owned(),
                         tier: tier.to_owned(),
                     });
                 }
                 quota
                     .check_cost(limit.cost)
-                    .map_err(|source| PolicyError::CostExceedsBurst {
+                    .map_err(|source| LimitsError::CostExceedsBurst {
                         limit: name.to_owned(),
                         source,
                     })?;
@@ -325,15 +370,15 @@ impl Policy {
 
     /// The limits that apply to a request, or the first key extractor's rejection (with the
     /// limit's name).
-    pub(crate) fn apply(&self, parts: &Parts) -> Result<Vec<Applied>, KeyRejection> {
-        let mut applied = Vec::with_capacity(self.limits.len());
+    pub(crate) fn select(&self, parts: &Parts) -> Result<Vec<Selected>, KeyRejection> {
+        let mut selected = Vec::with_capacity(self.limits.len());
         for limit in &self.limits {
             let mut store_key = String::new();
-            if let Some(priced) = limit.select(parts, &mut store_key)? {
-                applied.push(limit.applied(store_key, priced));
+            if let Some(tier) = limit.select(parts, &mut store_key)? {
+                selected.push(limit.selected(store_key, tier));
             }
         }
-        Ok(applied)
+        Ok(selected)
     }
 }
 
@@ -353,35 +398,40 @@ mod tests {
 
     #[test]
     fn bad_policies_are_rejected_when_built() {
-        let q = Quota::per_second(5).unwrap();
-        assert_eq!(Policy::new().validate(), Err(PolicyError::Empty));
-        let bad = Policy::new().limit(Limit::new("a:b", Global::default(), q));
-        assert!(matches!(bad.validate(), Err(PolicyError::InvalidName(_))));
-        let dup = Policy::new()
+        let q = Quota::per_second(5);
+        assert_eq!(Limits::new().validate(), Err(LimitsError::Empty));
+        let bad = Limits::new().limit(Limit::new("a:b", Global::default(), q));
+        assert!(matches!(bad.validate(), Err(LimitsError::InvalidName(_))));
+        let dup = Limits::new()
             .limit(Limit::new("a", Global::default(), q))
             .limit(Limit::new("a", Global::default(), q));
-        assert!(matches!(dup.validate(), Err(PolicyError::DuplicateName(_))));
-        let costly = Policy::new().limit(Limit::new("a", Global::default(), q).cost(6));
+        assert!(matches!(dup.validate(), Err(LimitsError::DuplicateName(_))));
+        let costly = Limits::new().limit(Limit::new("a", Global::default(), q).cost(6));
         assert!(matches!(
             costly.validate(),
-            Err(PolicyError::CostExceedsBurst { .. })
+            Err(LimitsError::CostExceedsBurst { .. })
         ));
-        let tier = Policy::new()
+        let tier = Limits::new()
             .limit(Limit::tiered("t", Global::default(), Global::default()).tier("x:y", q));
         assert!(matches!(
             tier.validate(),
-            Err(PolicyError::InvalidTier { .. })
+            Err(LimitsError::InvalidTier { .. })
         ));
+        let untiered = Limits::new().limit(Limit::new("u", Global::default(), q).tier("free", q));
+        assert_eq!(
+            untiered.validate(),
+            Err(LimitsError::NotTiered {
+                limit: "u".into(),
+                method: "tier"
+            })
+        );
     }
 
     #[test]
     fn tiers_pick_quotas_and_unknown_tiers_skip_or_fall_back() {
-        let (free, pro) = (
-            Quota::per_second(10).unwrap(),
-            Quota::per_second(100).unwrap(),
-        );
+        let (free, pro) = (Quota::per_second(10), Quota::per_second(100));
         let plan = || Header::new(http::HeaderName::from_static("x-plan"));
-        let policy = Policy::new()
+        let policy = Limits::new()
             .limit(
                 Limit::tiered("plan", Global::default(), plan())
                     .tier("free", free)
@@ -396,22 +446,22 @@ mod tests {
                 .into_parts()
                 .0
         };
-        let applied = policy.apply(&parts("pro")).unwrap();
+        let applied = policy.select(&parts("pro")).unwrap();
         assert_eq!(applied[0].quota, pro);
         assert_eq!(applied[0].store_key, "plan:pro:global");
         assert_eq!(applied[1].store_key, "all::everyone");
         assert!(!applied[1].enforced);
-        assert_eq!(policy.apply(&parts("gold")).unwrap().len(), 1);
-        let policy = Policy::new().limit(
+        assert_eq!(policy.select(&parts("gold")).unwrap().len(), 1);
+        let policy = Limits::new().limit(
             Limit::tiered("plan", Global::default(), plan())
                 .tier("free", free)
                 .otherwise(free),
         );
         assert_eq!(
-            policy.apply(&parts("gold")).unwrap()[0].store_key,
+            policy.select(&parts("gold")).unwrap()[0].store_key,
             "plan:*:global"
         );
         let none = http::Request::new(()).into_parts().0;
-        assert_eq!(policy.apply(&none).unwrap_err().status, 401);
+        assert_eq!(policy.select(&none).unwrap_err().status, 401);
     }
 }

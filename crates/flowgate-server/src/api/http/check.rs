@@ -1,0 +1,261 @@
+//! `POST /v1/check`: Flowgate's JSON decision API — per descriptor `allowed, limit, burst,
+//! remaining, reset_after_ms, retry_after_ms, algorithm, name, shadow`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use flowgate::FailMode;
+use flowgate::envoy::{
+    AppliedLimit, Descriptor, DescriptorVerdict, Entry, LimitOverride, Rate, Status, Unit, Verdict,
+};
+use flowgate::http::answer::{Answer, AnswerKind};
+use serde::{Deserialize, Serialize};
+
+use super::super::answer::limit_name;
+use super::super::problem::Problem;
+use super::super::{Active, Service};
+use super::{answer_response, json_response};
+use crate::metrics::Api;
+
+/// `/v1/check` request body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckRequest {
+    /// The domain.
+    domain: String,
+    /// The descriptors.
+    descriptors: Vec<CheckDescriptor>,
+    /// Units per descriptor (0 or absent: 1).
+    #[serde(default)]
+    hits_addend: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckDescriptor {
+    entries: Vec<CheckEntry>,
+    #[serde(default)]
+    hits_addend: Option<u64>,
+    #[serde(default)]
+    limit: Option<CheckOverride>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckEntry {
+    key: String,
+    value: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckOverride {
+    requests_per_unit: u64,
+    unit: String,
+}
+
+/// `/v1/check` response body.
+#[derive(Debug, Serialize)]
+pub(crate) struct CheckResponse<'a> {
+    /// Whether the request may go through.
+    allowed: bool,
+    /// Version of the configuration that decided.
+    config_version: u64,
+    /// One per request descriptor.
+    descriptors: Vec<CheckResult<'a>>,
+}
+
+impl CheckResponse<'static> {
+    /// The benchmark baseline's answer: allowed, every descriptor unmatched.
+    pub(crate) fn unmatched(descriptors: usize) -> Self {
+        let unmatched = || CheckResult {
+            status: "unmatched",
+            allowed: true,
+            limit: None,
+            burst: None,
+            remaining: None,
+            reset_after_ms: None,
+            retry_after_ms: None,
+            period_ms: None,
+            algorithm: None,
+            name: None,
+            rule: None,
+            shadow: false,
+            hits: 1,
+            fallback: None,
+            error: None,
+        };
+        CheckResponse {
+            allowed: true,
+            config_version: 0,
+            descriptors: (0..descriptors).map(|_| unmatched()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct CheckResult<'a> {
+    /// ok | over_limit | unlimited | unmatched | replaced | error
+    status: &'static str,
+    /// Whether this descriptor lets the request through.
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    /// What `remaining` counts down from: the quota's capacity (its burst).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    period_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    algorithm: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule: Option<&'a str>,
+    shadow: bool,
+    hits: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
+    let applied = d.applied.as_ref();
+    let rate = applied.map(AppliedLimit::rate);
+    let mut result = CheckResult {
+        status: "ok",
+        allowed: d.allows(),
+        limit: None,
+        burst: None,
+        remaining: None,
+        reset_after_ms: None,
+        retry_after_ms: None,
+        period_ms: rate.and_then(|r| r.period()).map(millis),
+        algorithm: match rate {
+            Some(Rate::Limited(q)) => Some(q.algorithm().name()),
+            Some(Rate::Blocked { .. }) => Some("blocked"),
+            _ => None,
+        },
+        name: applied.map(limit_name),
+        rule: match applied {
+            Some(AppliedLimit::Rule(rule)) => Some(&rule.path),
+            _ => None,
+        },
+        shadow: applied.is_some_and(|a| a.shadow_mode()),
+        hits: d.hits,
+        fallback: None,
+        error: None,
+    };
+    match &d.status {
+        Status::Checked(decision) => {
+            result.status = if decision.allowed { "ok" } else { "over_limit" };
+            result.limit = Some(decision.limit);
+            result.burst = Some(decision.burst);
+            result.remaining = Some(decision.remaining);
+            result.reset_after_ms = Some(millis(decision.reset_after));
+            result.retry_after_ms = Some(millis(decision.retry_after));
+            result.fallback = decision.fallback.map(FailMode::name);
+        }
+        Status::Failed(e) => {
+            result.status = if d.over_limit() {
+                "over_limit"
+            } else {
+                "error"
+            };
+            result.limit = rate.and_then(|r| r.limit());
+            result.remaining = Some(0);
+            result.error = Some(e.to_string());
+        }
+        Status::Unlimited => result.status = "unlimited",
+        Status::Unmatched => result.status = "unmatched",
+        Status::Replaced => result.status = "replaced",
+    }
+    result
+}
+
+pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64), Problem> {
+    let request: CheckRequest = serde_json::from_slice(body)
+        .map_err(|e| Problem::bad_request(format!("invalid check request JSON: {e}")))?;
+    if request.domain.is_empty() {
+        return Err(Problem::bad_request("`domain` must not be empty"));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Problem::bad_request("`descriptors` must not be empty"));
+    }
+    let descriptors = request
+        .descriptors
+        .into_iter()
+        .map(|d| {
+            let limit = d
+                .limit
+                .map(|o| {
+                    o.unit
+                        .parse::<Unit>()
+                        .map(|unit| LimitOverride {
+                            requests_per_unit: o.requests_per_unit,
+                            unit,
+                        })
+                        .map_err(|e| Problem::bad_request(e.to_string()))
+                })
+                .transpose()?;
+            Ok(Descriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| Entry {
+                        key: e.key,
+                        value: e.value,
+                    })
+                    .collect(),
+                limit,
+                hits_addend: d.hits_addend,
+            })
+        })
+        .collect::<Result<Vec<_>, Problem>>()?;
+    Ok((request.domain, descriptors, request.hits_addend))
+}
+
+/// `POST /v1/check`.
+pub(super) async fn check(State(service): State<Arc<Service>>, body: Bytes) -> Response {
+    let (domain, descriptors, hits) = match parse_check(&body) {
+        Ok(parsed) => parsed,
+        Err(problem) => return problem.into_response(),
+    };
+    let active = service.active();
+    let verdict = service
+        .decide(&active, Api::Check, &domain, &descriptors, hits)
+        .await;
+    render(&active, &verdict, active.answer(&verdict))
+}
+
+/// The `/v1/check` response for `verdict`: its JSON (status 200, 429, or 503 when a limit
+/// fails closed) with the answer's headers; a store that could not answer is a problem
+/// (503/500), as on the other front ends.
+pub(crate) fn render(active: &Active, verdict: &Verdict<'_>, answer: Answer) -> Response {
+    let kind = answer.kind();
+    if matches!(kind, AnswerKind::Unavailable | AnswerKind::Failed) {
+        return answer_response(answer);
+    }
+    let body = CheckResponse {
+        allowed: verdict.allowed,
+        config_version: active.version,
+        descriptors: verdict.descriptors.iter().map(check_result).collect(),
+    };
+    let mut response = json_response(kind.status(), &body);
+    answer.apply(response.headers_mut());
+    response
+}

@@ -1,0 +1,90 @@
+//! `GET /v1/config`: the active rules and configuration version.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use flowgate::FailMode;
+use flowgate::envoy::{Rate, Unit};
+use serde::Serialize;
+
+use super::super::Service;
+use super::check::millis;
+use super::json_response;
+
+/// One rule in `GET /v1/config`.
+#[derive(Debug, Serialize)]
+struct RuleView<'a> {
+    domain: &'a str,
+    rule: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requests_per_unit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unit: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    period_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    algorithm: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
+    shadow_mode: bool,
+    detailed_metric: bool,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    replaces: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fail: Option<&'static str>,
+}
+
+/// `GET /v1/config`.
+pub(super) async fn config(State(service): State<Arc<Service>>) -> Response {
+    let active = service.active();
+    let policy = &active.policy;
+    let rules: Vec<RuleView<'_>> = policy
+        .rules
+        .rules()
+        .iter()
+        .map(|rule| {
+            let period = rule.rate.period();
+            let (kind, algorithm, burst) = match rule.rate {
+                Rate::Limited(q) => ("limited", Some(q.algorithm().name()), Some(q.burst())),
+                Rate::Blocked { .. } => ("blocked", None, None),
+                Rate::Unlimited => ("unlimited", None, None),
+            };
+            RuleView {
+                domain: &rule.domain,
+                rule: &rule.path,
+                name: rule.name.as_deref(),
+                kind,
+                requests_per_unit: rule.rate.limit(),
+                unit: period.and_then(Unit::from_period).map(Unit::name),
+                period_ms: period.map(millis),
+                algorithm,
+                burst,
+                shadow_mode: rule.shadow_mode,
+                detailed_metric: rule.detailed_metric,
+                replaces: &rule.replaces,
+                fail: rule.fail.map(FailMode::name),
+            }
+        })
+        .collect();
+    let mut domains: Vec<&str> = policy.rules.domains().collect();
+    domains.sort_unstable();
+    let loaded_at = policy
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let body = serde_json::json!({
+        "version": active.version,
+        "digest": format!("{:016x}", policy.digest),
+        "loaded_at_unix": loaded_at,
+        "files": policy.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+        "domains": domains,
+        "rules": rules,
+    });
+    json_response(StatusCode::OK, &body)
+}

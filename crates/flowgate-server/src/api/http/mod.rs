@@ -1,0 +1,134 @@
+//! The HTTP API (axum):
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /json` | the RLS request/response in proto-JSON, as envoyproxy/ratelimit: 200 or 429 |
+//! | `POST /v1/check` | Flowgate's JSON: per descriptor `allowed, limit, burst, remaining, reset_after_ms, retry_after_ms, algorithm, name, shadow`; 200, 429 or 503 ([`check`]) |
+//! | `GET /healthz` | the process is up |
+//! | `GET /readyz` | a configuration is loaded and the store answers (503 otherwise; with Redis, Redis itself is asked) |
+//! | `GET /metrics` | Prometheus / OpenMetrics text |
+//! | `GET /v1/config` | the active rules and configuration version ([`config`]) |
+//!
+//! Malformed bodies get 400 with an RFC 9457 `application/problem+json` body; every decision
+//! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
+
+pub(crate) mod check;
+mod config;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use flowgate::http::answer::{Answer, AnswerKind};
+use serde::Serialize;
+
+use super::Service;
+use super::problem::Problem;
+use super::rls::{self, json::JsonRequest, json::JsonResponse};
+use crate::metrics::Api;
+
+/// How long `/readyz` waits for the store.
+const READY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The HTTP routes over `service`.
+pub fn router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/json", post(json))
+        .route("/v1/check", post(check::check))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/config", get(config::config))
+        .with_state(service)
+}
+
+/// `body` as JSON with `status`.
+pub(crate) fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
+    let mut response = (status, serde_json::to_vec(body).unwrap_or_default()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The refusal an answer stands for, as an axum response (a plain 500 if it allows).
+pub(crate) fn answer_response(answer: Answer) -> Response {
+    match answer.refusal(false) {
+        Some(response) => response.map(axum::body::Body::from),
+        None => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// The `/json` request's domain, descriptors and hits, or the 400 for it.
+pub(crate) fn parse_json(
+    body: &[u8],
+) -> Result<(String, Vec<flowgate::envoy::Descriptor>, u64), Problem> {
+    let request = serde_json::from_slice::<JsonRequest>(body)
+        .map_err(|e| Problem::bad_request(format!("invalid RateLimitRequest JSON: {e}")))?;
+    request
+        .into_proto()
+        .and_then(rls::parse_request)
+        .map_err(|e| Problem::bad_request(e.0))
+}
+
+/// `POST /json`: envoyproxy/ratelimit's HTTP endpoint.
+async fn json(State(service): State<Arc<Service>>, body: Bytes) -> Response {
+    let (domain, descriptors, hits) = match parse_json(&body) {
+        Ok(parsed) => parsed,
+        Err(problem) => return problem.into_response(),
+    };
+    let active = service.active();
+    let verdict = service
+        .decide(&active, Api::Json, &domain, &descriptors, hits)
+        .await;
+    let answer = active.answer(&verdict);
+    let kind = answer.kind();
+    if matches!(kind, AnswerKind::Unavailable | AnswerKind::Failed) {
+        return answer_response(answer);
+    }
+    let status = if kind.over_limit() {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    match rls::response(&verdict, answer) {
+        Ok(response) => json_response(status, &JsonResponse::from(&response)),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// `GET /readyz`.
+async fn readyz(State(service): State<Arc<Service>>) -> Response {
+    let version = service.active().version;
+    let store = service.store_reachable(READY_TIMEOUT).await;
+    let backend = service.backend();
+    let body = serde_json::json!({
+        "ready": store,
+        "config_version": version,
+        "store": if store { "ok" } else { "unreachable" },
+        "store_kind": backend.kind(),
+        "breaker_open": backend.fallback_stats().is_some_and(|s| s.breaker_open),
+    });
+    let status = if store {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(status, &body)
+}
+
+/// `GET /metrics`.
+async fn metrics(State(service): State<Arc<Service>>) -> Response {
+    let mut response = service.metrics().encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}

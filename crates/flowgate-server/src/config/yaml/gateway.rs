@@ -1,0 +1,384 @@
+//! The `gateway` section: listener, trusted proxies, JWT keys and the descriptors the reverse
+//! proxy builds from each request.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use flowgate::http::key::{ClientIp, Header, Jwt, PeerIp};
+use http::HeaderName;
+use ipnet::IpNet;
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::pos;
+use crate::config::error::ConfigError;
+use crate::config::gateway::{DEFAULT_UPSTREAM_TIMEOUT, EntryConfig, GatewayConfig, Source};
+
+/// The `gateway` section (see [`super::gateway`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GatewayYaml {
+    /// Address to listen on.
+    #[serde(default)]
+    listen: Option<Spanned<String>>,
+    /// Networks whose `X-Forwarded-For` is believed.
+    #[serde(default)]
+    trusted_proxies: Option<Vec<Spanned<String>>>,
+    /// Prefix length IPv6 clients are keyed by.
+    #[serde(default)]
+    ipv6_prefix: Option<Spanned<u64>>,
+    /// The request descriptors: lists of entries.
+    #[serde(default)]
+    descriptors: Option<Spanned<Vec<Vec<Spanned<EntryYaml>>>>>,
+    /// How bearer tokens are verified for `jwt_claim` entries.
+    #[serde(default)]
+    jwt: Option<Spanned<JwtYaml>>,
+    /// How long to wait for the upstream's response head.
+    #[serde(default)]
+    upstream_timeout: Option<Spanned<String>>,
+}
+
+/// One entry of a gateway descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryYaml {
+    /// The source: remote_address, header, path, method, host, jwt_claim, generic_key.
+    key: Spanned<String>,
+    /// For `header`: which header.
+    #[serde(default)]
+    header: Option<Spanned<String>>,
+    /// For `jwt_claim`: which claim.
+    #[serde(default)]
+    claim: Option<Spanned<String>>,
+    /// For `generic_key`: the fixed value.
+    #[serde(default)]
+    value: Option<Spanned<String>>,
+    /// The descriptor key to send the entry as (default: the source's name).
+    #[serde(default, rename = "as")]
+    as_key: Option<Spanned<String>>,
+}
+
+/// The `gateway.jwt` block: exactly one key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JwtYaml {
+    /// The environment variable holding the HS256 secret.
+    #[serde(default)]
+    hs256_secret_env: Option<Spanned<String>>,
+    /// A PEM file with the RS256 public key (relative to the configuration file).
+    #[serde(default)]
+    rs256_public_key_file: Option<Spanned<String>>,
+}
+
+/// Validates the `gateway` section; pushes its errors and returns `None` when it has any.
+pub(super) fn convert_gateway(
+    file: &Path,
+    domain: &str,
+    g: GatewayYaml,
+    at_section: (u64, u64),
+    errors: &mut Vec<ConfigError>,
+) -> Option<GatewayConfig> {
+    let before = errors.len();
+    let mut error = |at: (u64, u64), field: &str, message: String| {
+        errors.push(ConfigError::at(
+            file,
+            at,
+            Some(&format!("gateway.{field}")),
+            message,
+        ));
+    };
+
+    let listen = g
+        .listen
+        .as_ref()
+        .and_then(|l| match l.value.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                error(
+                    pos(&l.referenced),
+                    "listen",
+                    format!(
+                        "`{}` is not an address; write e.g. `127.0.0.1:8000`",
+                        l.value
+                    ),
+                );
+                None
+            }
+        });
+    let mut trusted = Vec::new();
+    for net in g.trusted_proxies.iter().flatten() {
+        let text = net.value.trim();
+        match (text.parse::<IpNet>(), text.parse::<IpAddr>()) {
+            (Ok(net), _) => trusted.push(net),
+            (_, Ok(ip)) => trusted.push(IpNet::from(ip)),
+            _ => error(
+                pos(&net.referenced),
+                "trusted_proxies",
+                format!(
+                    "`{}` is not a network or address; write e.g. `10.0.0.0/8` or `192.0.2.1`",
+                    net.value
+                ),
+            ),
+        }
+    }
+    let mut peer = PeerIp::new();
+    if let Some(prefix) = &g.ipv6_prefix {
+        match u8::try_from(prefix.value) {
+            Ok(bits) if bits <= 128 => peer = peer.ipv6_prefix(bits),
+            _ => error(
+                pos(&prefix.referenced),
+                "ipv6_prefix",
+                "must be between 0 and 128".into(),
+            ),
+        }
+    }
+    let upstream_timeout = match &g.upstream_timeout {
+        None => Some(DEFAULT_UPSTREAM_TIMEOUT),
+        Some(t) => match humantime::parse_duration(&t.value) {
+            Ok(d) if d > Duration::ZERO => Some(d),
+            Ok(_) => {
+                error(
+                    pos(&t.referenced),
+                    "upstream_timeout",
+                    "must be longer than zero".into(),
+                );
+                None
+            }
+            Err(e) => {
+                error(
+                    pos(&t.referenced),
+                    "upstream_timeout",
+                    format!(
+                        "`{}` is not a duration ({e}); write e.g. `30s`, `500ms`",
+                        t.value
+                    ),
+                );
+                None
+            }
+        },
+    };
+    let jwt = g.jwt.as_ref().and_then(|j| {
+        let at = pos(&j.referenced);
+        match (&j.value.hs256_secret_env, &j.value.rs256_public_key_file) {
+            (Some(env), None) => match std::env::var(&env.value) {
+                Ok(secret) if !secret.is_empty() => Some(Jwt::hs256(secret.as_bytes())),
+                _ => {
+                    error(
+                        pos(&env.referenced),
+                        "jwt.hs256_secret_env",
+                        format!("the environment variable `{}` is not set", env.value),
+                    );
+                    None
+                }
+            },
+            (None, Some(key_file)) => {
+                let path = file
+                    .parent()
+                    .unwrap_or_else(|| Path::new(""))
+                    .join(&key_file.value);
+                let built = std::fs::read(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                    .and_then(|pem| {
+                        Jwt::rs256_pem(&pem).map_err(|e| {
+                            format!("{} is not an RSA public key in PEM: {e}", path.display())
+                        })
+                    });
+                match built {
+                    Ok(jwt) => Some(jwt),
+                    Err(message) => {
+                        error(
+                            pos(&key_file.referenced),
+                            "jwt.rs256_public_key_file",
+                            message,
+                        );
+                        None
+                    }
+                }
+            }
+            _ => {
+                error(
+                    at,
+                    "jwt",
+                    "give exactly one of `hs256_secret_env` and `rs256_public_key_file`".into(),
+                );
+                None
+            }
+        }
+    });
+
+    let mut descriptors = Vec::new();
+    match &g.descriptors {
+        Some(list) if !list.value.is_empty() => {
+            for entries in &list.value {
+                if entries.is_empty() {
+                    error(
+                        pos(&list.referenced),
+                        "descriptors",
+                        "a descriptor needs at least one entry".into(),
+                    );
+                    continue;
+                }
+                let mut built = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    let at = pos(&entry.referenced);
+                    let e = &entry.value;
+                    let source = convert_source(e, jwt.as_ref(), g.jwt.is_some(), at, &mut error);
+                    let key = match &e.as_key {
+                        Some(k) if k.value.is_empty() => {
+                            error(
+                                pos(&k.referenced),
+                                "descriptors.as",
+                                "must not be empty".into(),
+                            );
+                            None
+                        }
+                        Some(k) => Some(k.value.clone()),
+                        None => source.as_ref().map(|(_, name)| name.clone()),
+                    };
+                    if let (Some((source, _)), Some(key)) = (source, key) {
+                        built.push(EntryConfig { key, source });
+                    }
+                }
+                descriptors.push(built);
+            }
+        }
+        Some(list) => error(
+            pos(&list.referenced),
+            "descriptors",
+            "must list at least one descriptor".into(),
+        ),
+        None => error(
+            at_section,
+            "descriptors",
+            "is required: the request descriptors to check, e.g. `[[{key: remote_address}]]`"
+                .into(),
+        ),
+    }
+
+    if errors.len() > before {
+        return None;
+    }
+    Some(GatewayConfig {
+        domain: domain.to_owned(),
+        listen,
+        client_ip: ClientIp::new(trusted).peer_ip(peer),
+        descriptors,
+        upstream_timeout: upstream_timeout?,
+    })
+}
+
+/// One entry's source and its default descriptor key; reports what is wrong with it.
+fn convert_source(
+    e: &EntryYaml,
+    jwt: Option<&Jwt>,
+    jwt_configured: bool,
+    at: (u64, u64),
+    error: &mut impl FnMut((u64, u64), &str, String),
+) -> Option<(Source, String)> {
+    let source = e.key.value.as_str();
+    // Which of the optional fields this source takes.
+    let (wants_header, wants_claim, wants_value) = match source {
+        "header" => (true, false, false),
+        "jwt_claim" => (false, true, false),
+        "generic_key" => (false, false, true),
+        "remote_address" | "path" | "method" | "host" => (false, false, false),
+        other => {
+            error(
+                pos(&e.key.referenced),
+                "descriptors.key",
+                format!(
+                    "unknown source `{other}`; expected one of {}",
+                    Source::NAMES
+                ),
+            );
+            return None;
+        }
+    };
+    let mut ok = true;
+    for (field, given, wanted) in [
+        ("header", &e.header, wants_header),
+        ("claim", &e.claim, wants_claim),
+        ("value", &e.value, wants_value),
+    ] {
+        match given {
+            Some(v) if !wanted => {
+                error(
+                    pos(&v.referenced),
+                    &format!("descriptors.{field}"),
+                    format!("does not apply to `key: {source}`"),
+                );
+                ok = false;
+            }
+            None if wanted => {
+                error(
+                    at,
+                    &format!("descriptors.{field}"),
+                    format!("is required with `key: {source}`"),
+                );
+                ok = false;
+            }
+            _ => {}
+        }
+    }
+    if !ok {
+        return None;
+    }
+    match source {
+        "remote_address" => Some((Source::RemoteAddress, "remote_address".into())),
+        "path" => Some((Source::Path, "path".into())),
+        "method" => Some((Source::Method, "method".into())),
+        "host" => Some((Source::Host, "host".into())),
+        "header" => {
+            let h = e.header.as_ref()?;
+            match HeaderName::from_bytes(h.value.trim().as_bytes()) {
+                Ok(name) => {
+                    let key = name.as_str().to_owned();
+                    Some((Source::Header(Header::new(name)), key))
+                }
+                Err(_) => {
+                    error(
+                        pos(&h.referenced),
+                        "descriptors.header",
+                        format!("`{}` is not a header name", h.value),
+                    );
+                    None
+                }
+            }
+        }
+        "jwt_claim" => {
+            let c = e.claim.as_ref()?;
+            if c.value.is_empty() {
+                error(
+                    pos(&c.referenced),
+                    "descriptors.claim",
+                    "must not be empty".into(),
+                );
+                return None;
+            }
+            match jwt {
+                Some(jwt) => Some((
+                    Source::JwtClaim(jwt.claim(c.value.clone())),
+                    c.value.clone(),
+                )),
+                None => {
+                    // A broken `jwt` block is reported on its own.
+                    if !jwt_configured {
+                        error(
+                            pos(&e.key.referenced),
+                            "descriptors.key",
+                            "`jwt_claim` needs a `gateway.jwt` block saying how tokens are verified"
+                                .into(),
+                        );
+                    }
+                    None
+                }
+            }
+        }
+        "generic_key" => {
+            let v = e.value.as_ref()?;
+            Some((Source::Generic(v.value.clone()), "generic_key".into()))
+        }
+        _ => None,
+    }
+}

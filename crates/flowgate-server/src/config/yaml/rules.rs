@@ -1,0 +1,325 @@
+//! `descriptors` and their `rate_limit` blocks: envoyproxy/ratelimit's fields and Flowgate's
+//! extensions (`algorithm`, `burst`, `period`, `fail`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use flowgate::envoy::{LimitSpec, Rate, RuleSpec, Unit};
+use flowgate::{Algorithm, FailMode, Quota, QuotaError};
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::{Positions, pos};
+use crate::config::error::ConfigError;
+
+/// One descriptor rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DescriptorYaml {
+    /// The entry key.
+    key: Spanned<String>,
+    /// The entry value; absent matches any value.
+    #[serde(default)]
+    value: Option<Spanned<String>>,
+    /// The limit, if any.
+    #[serde(default)]
+    rate_limit: Option<Spanned<RateLimitYaml>>,
+    /// Nested rules.
+    #[serde(default)]
+    descriptors: Option<Vec<DescriptorYaml>>,
+    /// Count but never deny.
+    #[serde(default)]
+    shadow_mode: bool,
+    /// Metrics per descriptor value.
+    #[serde(default)]
+    detailed_metric: bool,
+}
+
+/// The `rate_limit` block.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitYaml {
+    /// second | minute | hour | day | week | month | year.
+    #[serde(default)]
+    unit: Option<Spanned<String>>,
+    /// Requests per unit (or per period); 0 blocks.
+    #[serde(default)]
+    requests_per_unit: Option<Spanned<u64>>,
+    /// Always allow.
+    #[serde(default)]
+    unlimited: Option<Spanned<bool>>,
+    /// The limit's name.
+    #[serde(default)]
+    name: Option<Spanned<String>>,
+    /// Limits this one replaces.
+    #[serde(default)]
+    replaces: Option<Vec<ReplacesYaml>>,
+    /// Extension: the algorithm (default sliding_window).
+    #[serde(default)]
+    algorithm: Option<Spanned<String>>,
+    /// Extension: the bucket size (gcra, leaky_bucket).
+    #[serde(default)]
+    burst: Option<Spanned<u64>>,
+    /// Extension: any period, e.g. `90s`, `5m`, instead of `unit`.
+    #[serde(default)]
+    period: Option<Spanned<String>>,
+    /// Extension: open | closed | local when the store is unreachable.
+    #[serde(default)]
+    fail: Option<Spanned<String>>,
+}
+
+/// One entry of `replaces`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplacesYaml {
+    /// The replaced limit's name.
+    name: Spanned<String>,
+}
+
+pub(super) fn convert_all(
+    file: &Path,
+    descriptors: Vec<DescriptorYaml>,
+    path: &mut Vec<usize>,
+    positions: &mut Positions,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<RuleSpec> {
+    let mut rules = Vec::with_capacity(descriptors.len());
+    for (index, descriptor) in descriptors.into_iter().enumerate() {
+        path.push(index);
+        positions
+            .rules
+            .push((path.clone(), pos(&descriptor.key.referenced)));
+        if descriptor.key.value.is_empty() {
+            errors.push(ConfigError::at(
+                file,
+                pos(&descriptor.key.referenced),
+                Some("key"),
+                "must not be empty",
+            ));
+        }
+        let limit = descriptor
+            .rate_limit
+            .and_then(|r| convert_limit(file, r, errors));
+        let children = convert_all(
+            file,
+            descriptor.descriptors.unwrap_or_default(),
+            path,
+            positions,
+            errors,
+        );
+        rules.push(RuleSpec {
+            key: descriptor.key.value,
+            value: descriptor.value.map(|v| v.value),
+            limit,
+            shadow_mode: descriptor.shadow_mode,
+            detailed_metric: descriptor.detailed_metric,
+            descriptors: children,
+        });
+        path.pop();
+    }
+    rules
+}
+
+/// Validates a `rate_limit` block; pushes its errors and returns `None` when it has any.
+fn convert_limit(
+    file: &Path,
+    block: Spanned<RateLimitYaml>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<LimitSpec> {
+    let at_block = pos(&block.referenced);
+    let r = block.value;
+    let before = errors.len();
+    let mut error = |at: (u64, u64), field: &str, message: String| {
+        errors.push(ConfigError::at(
+            file,
+            at,
+            Some(&format!("rate_limit.{field}")),
+            message,
+        ));
+    };
+
+    let unlimited = r.unlimited.as_ref().is_some_and(|u| u.value);
+    if unlimited {
+        // Everything that sizes a limit contradicts `unlimited: true`.
+        let sized = [
+            ("unit", r.unit.as_ref().map(|s| &s.referenced)),
+            ("period", r.period.as_ref().map(|s| &s.referenced)),
+            (
+                "requests_per_unit",
+                r.requests_per_unit.as_ref().map(|s| &s.referenced),
+            ),
+            ("algorithm", r.algorithm.as_ref().map(|s| &s.referenced)),
+            ("burst", r.burst.as_ref().map(|s| &s.referenced)),
+        ];
+        for (field, at) in sized {
+            if let Some(at) = at {
+                error(
+                    pos(at),
+                    field,
+                    "must not be set when `unlimited` is true".into(),
+                );
+            }
+        }
+    }
+
+    let unit = r.unit.as_ref().and_then(|u| match u.value.parse::<Unit>() {
+        Ok(unit) => Some(unit),
+        Err(e) => {
+            error(pos(&u.referenced), "unit", e.to_string());
+            None
+        }
+    });
+    let period = r
+        .period
+        .as_ref()
+        .and_then(|p| match humantime::parse_duration(&p.value) {
+            Ok(d) if d > Duration::ZERO => Some(d),
+            Ok(_) => {
+                error(
+                    pos(&p.referenced),
+                    "period",
+                    "must be longer than zero".into(),
+                );
+                None
+            }
+            Err(e) => {
+                error(
+                    pos(&p.referenced),
+                    "period",
+                    format!(
+                        "`{}` is not a duration ({e}); write e.g. `90s`, `5m`, `1h30m`",
+                        p.value
+                    ),
+                );
+                None
+            }
+        });
+    if let (Some(_), Some(p)) = (&r.unit, &r.period) {
+        error(
+            pos(&p.referenced),
+            "period",
+            "give either `unit` or `period`, not both".into(),
+        );
+    }
+    let algorithm = r
+        .algorithm
+        .as_ref()
+        .and_then(|a| match a.value.parse::<Algorithm>() {
+            Ok(algorithm) => Some(algorithm),
+            Err(e) => {
+                error(pos(&a.referenced), "algorithm", e.to_string());
+                None
+            }
+        });
+    let fail = r
+        .fail
+        .as_ref()
+        .and_then(|f| match f.value.parse::<FailMode>() {
+            Ok(mode) => Some(mode),
+            Err(_) => {
+                error(
+                    pos(&f.referenced),
+                    "fail",
+                    format!(
+                        "unknown failure mode `{}`; expected open, closed or local",
+                        f.value
+                    ),
+                );
+                None
+            }
+        });
+    let mut replaces = Vec::new();
+    for entry in r.replaces.into_iter().flatten() {
+        if entry.name.value.is_empty() {
+            error(
+                pos(&entry.name.referenced),
+                "replaces.name",
+                "must not be empty".into(),
+            );
+        } else if r.name.as_ref().is_some_and(|n| n.value == entry.name.value) {
+            error(
+                pos(&entry.name.referenced),
+                "replaces.name",
+                format!("limit `{}` must not replace itself", entry.name.value),
+            );
+        }
+        replaces.push(entry.name.value);
+    }
+
+    let rate = if unlimited {
+        Some(Rate::Unlimited)
+    } else {
+        let length = match (unit, period, &r.unit, &r.period) {
+            (Some(unit), None, _, None) => Some(unit.duration()),
+            (None, Some(period), None, _) => Some(period),
+            (None, None, None, None) => {
+                error(
+                    at_block,
+                    "unit",
+                    "a limit needs `unit` (second … year) or `period` (e.g. `90s`), or `unlimited: true`"
+                        .into(),
+                );
+                None
+            }
+            _ => None, // already reported
+        };
+        let requests = match &r.requests_per_unit {
+            Some(n) => Some(n),
+            None => {
+                error(
+                    at_block,
+                    "requests_per_unit",
+                    "is required (0 blocks every request)".into(),
+                );
+                None
+            }
+        };
+        match (length, requests) {
+            (Some(period), Some(n)) if n.value == 0 => {
+                if let Some(b) = &r.burst {
+                    error(
+                        pos(&b.referenced),
+                        "burst",
+                        "has no effect when `requests_per_unit` is 0".into(),
+                    );
+                }
+                Some(Rate::Blocked { period })
+            }
+            (Some(period), Some(n)) => {
+                let algorithm = algorithm.unwrap_or_default();
+                let built = Quota::new(n.value, period)
+                    .and_then(|q| q.with_algorithm(algorithm))
+                    .map_err(|e| ("requests_per_unit", &n.referenced, e))
+                    .and_then(|q| match &r.burst {
+                        Some(b) => q
+                            .with_burst(b.value)
+                            .map_err(|e| ("burst", &b.referenced, e)),
+                        None => Ok(q),
+                    });
+                match built {
+                    Ok(quota) => Some(Rate::Limited(quota)),
+                    Err((field, at, e)) => {
+                        let message = match e {
+                            QuotaError::BurstNotApplicable { algorithm } => format!(
+                                "applies to gcra and leaky_bucket only; {algorithm} allows `requests_per_unit` per window"
+                            ),
+                            other => other.to_string(),
+                        };
+                        error(pos(at), field, message);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        }
+    };
+    if errors.len() > before {
+        return None;
+    }
+    Some(LimitSpec {
+        rate: rate?,
+        name: r.name.map(|n| n.value),
+        replaces,
+        fail,
+    })
+}

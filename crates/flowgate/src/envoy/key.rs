@@ -1,0 +1,73 @@
+//! Counter keys: where a descriptor's counter lives in the store.
+
+use super::descriptor::Entry;
+use super::rules::quota_suffix;
+use crate::quota::Quota;
+
+/// The store key of a descriptor's counter: the domain, every entry, and the quota (algorithm,
+/// limit, period, burst). Entries are escaped so that different descriptors never share a key;
+/// a rule keeps its counters across reloads as long as its quota is unchanged.
+///
+/// ```
+/// use flowgate::envoy::{counter_key, Entry};
+/// use flowgate::Quota;
+/// let quota = Quota::per_second(10);
+/// assert_eq!(
+///     counter_key("edge", &[Entry::new("ip", "10.0.0.1")], &quota),
+///     "edge|ip=10.0.0.1#gcra:10:1000000000:10",
+/// );
+/// ```
+pub fn counter_key(domain: &str, entries: &[Entry], quota: &Quota) -> String {
+    let mut key = String::new();
+    write_key(&mut key, domain, entries, &quota_suffix(quota));
+    key
+}
+
+/// Appends the counter key of `entries` to `key`.
+pub(super) fn write_key(key: &mut String, domain: &str, entries: &[Entry], suffix: &str) {
+    escape_into(key, domain);
+    for entry in entries {
+        key.push('|');
+        escape_into(key, &entry.key);
+        key.push('=');
+        escape_into(key, &entry.value);
+    }
+    key.push_str(suffix);
+}
+
+thread_local! {
+    /// A reused buffer for the counter key of a request asked of a store that answers at once.
+    pub(super) static KEY_SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Appends `s` with the key's separators (`|`, `=`, `#`) and the escape character escaped.
+fn escape_into(key: &mut String, s: &str) {
+    if !s.bytes().any(|b| matches!(b, b'\\' | b'|' | b'=' | b'#')) {
+        key.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        if matches!(c, '\\' | '|' | '=' | '#') {
+            key.push('\\');
+        }
+        key.push(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_keys_are_unambiguous_and_include_the_quota() {
+        let q = Quota::per_second(1);
+        let a = counter_key("d", &[Entry::new("a|b", "c")], &q);
+        let b = counter_key("d", &[Entry::new("a", "b=c")], &q);
+        let c = counter_key("d", &[Entry::new("a", "b"), Entry::new("", "c")], &q);
+        assert!(a != b && b != c && a != c, "{a} {b} {c}");
+        assert_ne!(
+            counter_key("d", &[Entry::new("a", "b")], &q),
+            counter_key("d", &[Entry::new("a", "b")], &Quota::per_second(2))
+        );
+    }
+}

@@ -1,0 +1,376 @@
+//! [`RuleSet`]: every domain's rule tree, built from specs and validated, and the matching of
+//! request descriptors against it (see the [module docs](super) for the rules).
+
+use std::collections::HashMap;
+
+use super::descriptor::Entry;
+use super::rules::{
+    DomainSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath, RuleSpec, quota_suffix,
+};
+
+/// Hash maps of the rule tree: foldhash, fast on short strings (matching is on the hot path;
+/// keys come from configuration, so flooding is not a concern).
+type Map<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
+/// The rules for the next entry of a descriptor, by key.
+#[derive(Debug, Default)]
+struct Level {
+    /// Rules by entry key.
+    keys: Map<KeyRules>,
+}
+
+/// Every rule at one level for one key.
+#[derive(Debug, Default)]
+struct KeyRules {
+    /// Rules with an exact value.
+    exact: Map<Node>,
+    /// Rules whose value ends in `*`, by prefix, longest prefix first.
+    prefixes: Vec<(String, Node)>,
+    /// The rule without a value.
+    any: Option<Node>,
+}
+
+/// A rule in the tree.
+#[derive(Debug, Default)]
+struct Node {
+    /// Index of the rule's limit in [`RuleSet::rules`], if it has one.
+    rule: Option<usize>,
+    /// Rules for the next entry.
+    children: Level,
+}
+
+impl Level {
+    fn lookup(&self, entry: &Entry) -> Option<&Node> {
+        let rules = self.keys.get(entry.key.as_str())?;
+        rules
+            .exact
+            .get(entry.value.as_str())
+            .or_else(|| {
+                rules
+                    .prefixes
+                    .iter()
+                    .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                    .map(|(_, node)| node)
+            })
+            .or(rules.any.as_ref())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Every domain's rule tree, ready for matching. Immutable: build a new one to change rules.
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    /// The tree of each domain.
+    domains: Map<Level>,
+    /// Every rule that has a limit, in definition order.
+    rules: Vec<Rule>,
+}
+
+impl RuleSet {
+    /// Builds and validates the rule trees of `domains`.
+    pub fn build(domains: Vec<DomainSpec>) -> Result<RuleSet, RuleError> {
+        let mut set = RuleSet::default();
+        for (index, spec) in domains.into_iter().enumerate() {
+            let at = |kind| RuleError {
+                path: RulePath {
+                    domain: index,
+                    rules: Vec::new(),
+                },
+                kind,
+            };
+            if spec.domain.is_empty() {
+                return Err(at(RuleErrorKind::EmptyDomain));
+            }
+            if set.domains.contains_key(&spec.domain) {
+                return Err(at(RuleErrorKind::DuplicateDomain(spec.domain)));
+            }
+            let mut root = Level::default();
+            let mut path = RulePath {
+                domain: index,
+                rules: Vec::new(),
+            };
+            set.load_level(&spec.domain, "", &mut root, spec.descriptors, &mut path)?;
+            set.domains.insert(spec.domain, root);
+        }
+        Ok(set)
+    }
+
+    fn load_level(
+        &mut self,
+        domain: &str,
+        parent: &str,
+        level: &mut Level,
+        specs: Vec<RuleSpec>,
+        path: &mut RulePath,
+    ) -> Result<(), RuleError> {
+        for (index, spec) in specs.into_iter().enumerate() {
+            path.rules.push(index);
+            let fail = |kind| RuleError {
+                path: path.clone(),
+                kind,
+            };
+            if spec.key.is_empty() {
+                return Err(fail(RuleErrorKind::EmptyKey));
+            }
+            let segment = match &spec.value {
+                Some(value) => format!("{}_{}", spec.key, value),
+                None => spec.key.clone(),
+            };
+            let rule_path = if parent.is_empty() {
+                segment
+            } else {
+                format!("{parent}.{segment}")
+            };
+            let key_rules = level.keys.entry(spec.key.clone()).or_default();
+            let duplicate = match &spec.value {
+                None => key_rules.any.is_some(),
+                Some(value) => match value.strip_suffix('*') {
+                    Some(prefix) => key_rules.prefixes.iter().any(|(p, _)| p == prefix),
+                    None => key_rules.exact.contains_key(value),
+                },
+            };
+            if duplicate {
+                return Err(fail(RuleErrorKind::DuplicateRule {
+                    key: spec.key,
+                    value: spec.value,
+                }));
+            }
+            let mut node = Node::default();
+            if let Some(limit) = spec.limit {
+                if limit.replaces.iter().any(String::is_empty) {
+                    return Err(fail(RuleErrorKind::EmptyReplaces));
+                }
+                if let Some(name) = &limit.name
+                    && limit.replaces.contains(name)
+                {
+                    return Err(fail(RuleErrorKind::ReplacesItself(name.clone())));
+                }
+                node.rule = Some(self.rules.len());
+                let counter_suffix = match limit.rate {
+                    Rate::Limited(quota) => quota_suffix(&quota),
+                    _ => String::new(),
+                };
+                self.rules.push(Rule {
+                    counter_suffix,
+                    id: self.rules.len(),
+                    domain: domain.to_owned(),
+                    path: rule_path.clone(),
+                    rate: limit.rate,
+                    name: limit.name,
+                    replaces: limit.replaces,
+                    fail: limit.fail,
+                    shadow_mode: spec.shadow_mode,
+                    detailed_metric: spec.detailed_metric,
+                });
+            }
+            self.load_level(
+                domain,
+                &rule_path,
+                &mut node.children,
+                spec.descriptors,
+                path,
+            )?;
+            // Re-borrow: loading children needed `self` mutably.
+            let key_rules = level.keys.entry(spec.key).or_default();
+            match spec.value {
+                None => key_rules.any = Some(node),
+                Some(value) => match value.strip_suffix('*') {
+                    Some(prefix) => {
+                        key_rules.prefixes.push((prefix.to_owned(), node));
+                        key_rules
+                            .prefixes
+                            .sort_by_key(|p| std::cmp::Reverse(p.0.len()));
+                    }
+                    None => {
+                        key_rules.exact.insert(value, node);
+                    }
+                },
+            }
+            path.rules.pop();
+        }
+        Ok(())
+    }
+
+    /// The rule whose limit applies to a request descriptor in `domain`, following
+    /// envoyproxy/ratelimit's matching (see the [module docs](self)). `None` when the domain is
+    /// unknown or no rule with a limit matches at the descriptor's depth.
+    pub fn find(&self, domain: &str, entries: &[Entry]) -> Option<&Rule> {
+        self.domain(domain)?.find(entries)
+    }
+
+    /// The rules of `domain`, for several lookups in one domain.
+    pub fn domain(&self, domain: &str) -> Option<DomainRules<'_>> {
+        self.domains
+            .get(domain)
+            .map(|root| DomainRules { set: self, root })
+    }
+
+    /// Whether `domain` has rules (even an empty list of them).
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The names of every domain.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    /// Every rule that carries a limit, in definition order; `rules()[r.id] == r`.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+}
+
+/// The rules of one domain of a [`RuleSet`] ([`RuleSet::domain`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DomainRules<'a> {
+    /// The whole set, which owns the rules.
+    set: &'a RuleSet,
+    /// The domain's top level.
+    root: &'a Level,
+}
+
+impl<'a> DomainRules<'a> {
+    /// [`RuleSet::find`] within this domain.
+    pub fn find(&self, entries: &[Entry]) -> Option<&'a Rule> {
+        let mut level = self.root;
+        let last = entries.len().checked_sub(1)?;
+        for (depth, entry) in entries.iter().enumerate() {
+            let node = level.lookup(entry)?;
+            if depth == last {
+                return node.rule.map(|i| &self.set.rules[i]);
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+    use crate::envoy::LimitSpec;
+
+    fn limited(n: u64) -> LimitSpec {
+        LimitSpec::new(Rate::Limited(Quota::per_minute(n)))
+    }
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+        pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect()
+    }
+
+    fn path_of(set: &RuleSet, domain: &str, pairs: &[(&str, &str)]) -> Option<String> {
+        set.find(domain, &entries(pairs)).map(|r| r.path.clone())
+    }
+
+    fn sample() -> RuleSet {
+        RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![
+                RuleSpec::new("key").with_limit(limited(1)),
+                RuleSpec::new("key")
+                    .with_value("special")
+                    .with_limit(limited(2)),
+                RuleSpec::new("path")
+                    .with_value("/api/*")
+                    .with_limit(limited(3)),
+                RuleSpec::new("path")
+                    .with_value("/api/v2/*")
+                    .with_limit(limited(4)),
+                RuleSpec::new("client")
+                    .with_limit(limited(5))
+                    .with_children(vec![RuleSpec::new("route").with_limit(limited(6))]),
+                RuleSpec::new("outer").with_children(vec![
+                    RuleSpec::new("inner")
+                        .with_value("x")
+                        .with_limit(limited(7)),
+                ]),
+            ],
+        )])
+        .unwrap()
+    }
+
+    #[test]
+    fn key_and_value_beats_prefix_beats_key_only() {
+        let set = sample();
+        assert_eq!(
+            path_of(&set, "d", &[("key", "special")]).unwrap(),
+            "key_special"
+        );
+        assert_eq!(path_of(&set, "d", &[("key", "other")]).unwrap(), "key");
+        assert_eq!(
+            path_of(&set, "d", &[("path", "/api/x")]).unwrap(),
+            "path_/api/*"
+        );
+        assert_eq!(
+            path_of(&set, "d", &[("path", "/api/v2/y")]).unwrap(),
+            "path_/api/v2/*"
+        );
+        assert_eq!(path_of(&set, "d", &[("path", "/web")]), None);
+    }
+
+    #[test]
+    fn a_limit_applies_only_at_the_depth_of_the_descriptor() {
+        let set = sample();
+        assert_eq!(path_of(&set, "d", &[("client", "a")]).unwrap(), "client");
+        assert_eq!(
+            path_of(&set, "d", &[("client", "a"), ("route", "r")]).unwrap(),
+            "client.route"
+        );
+        // Longer than the tree, or an intermediate rule without a limit: nothing.
+        assert_eq!(
+            path_of(&set, "d", &[("client", "a"), ("route", "r"), ("x", "y")]),
+            None
+        );
+        assert_eq!(path_of(&set, "d", &[("key", "a"), ("route", "r")]), None);
+        assert_eq!(path_of(&set, "d", &[("outer", "o")]), None);
+        assert_eq!(
+            path_of(&set, "d", &[("outer", "o"), ("inner", "x")]).unwrap(),
+            "outer.inner_x"
+        );
+        assert_eq!(path_of(&set, "d", &[("outer", "o"), ("inner", "y")]), None);
+        assert_eq!(path_of(&set, "d", &[]), None);
+        assert_eq!(path_of(&set, "other", &[("key", "a")]), None);
+    }
+
+    #[test]
+    fn invalid_rules_are_rejected_with_their_path() {
+        let dup = RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![RuleSpec::new("a").with_children(vec![
+                RuleSpec::new("b").with_value("1"),
+                RuleSpec::new("b").with_value("1"),
+            ])],
+        )])
+        .unwrap_err();
+        assert_eq!(dup.path.rules, vec![0, 1]);
+        assert!(matches!(dup.kind, RuleErrorKind::DuplicateRule { .. }));
+        let empty = RuleSet::build(vec![
+            DomainSpec::new("d", vec![]),
+            DomainSpec::new("e", vec![RuleSpec::new("")]),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            (empty.path.domain, empty.kind),
+            (1, RuleErrorKind::EmptyKey)
+        );
+        let twice = RuleSet::build(vec![
+            DomainSpec::new("d", vec![]),
+            DomainSpec::new("d", vec![]),
+        ])
+        .unwrap_err();
+        assert_eq!(twice.kind, RuleErrorKind::DuplicateDomain("d".into()));
+        let own = RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![RuleSpec::new("a").with_limit(limited(1).named("n").replacing(["n"]))],
+        )])
+        .unwrap_err();
+        assert_eq!(own.kind, RuleErrorKind::ReplacesItself("n".into()));
+    }
+}

@@ -1,0 +1,112 @@
+//! The time units of envoyproxy/ratelimit's `unit` field (and of the RLS protocol).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The time units of envoyproxy/ratelimit's `unit` field (and of the RLS protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3,600 seconds.
+    Hour,
+    /// 86,400 seconds.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days, as envoyproxy/ratelimit counts a month.
+    Month,
+    /// 365 days, as envoyproxy/ratelimit counts a year.
+    Year,
+}
+
+impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// The unit's length in seconds.
+    pub const fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// The unit's length.
+    pub const fn duration(self) -> Duration {
+        Duration::from_secs(self.seconds())
+    }
+
+    /// The unit's name as written in configuration files: `"second"`, `"minute"`, …
+    pub const fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// The unit exactly `period` long, if there is one.
+    pub fn from_period(period: Duration) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.duration() == period)
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A unit name that is not one of second, minute, hour, day, week, month, year.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown unit `{0}`; expected one of second, minute, hour, day, week, month, year")]
+pub struct UnknownUnit(pub String);
+
+impl FromStr for Unit {
+    type Err = UnknownUnit;
+
+    /// Parses a unit name, ignoring ASCII case (`SECOND` and `second` are both accepted, as
+    /// envoyproxy/ratelimit does).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownUnit(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_parse_in_any_case() {
+        assert_eq!("MINUTE".parse::<Unit>(), Ok(Unit::Minute));
+        assert_eq!(
+            Unit::from_period(Duration::from_secs(86_400)),
+            Some(Unit::Day)
+        );
+        assert!("fortnight".parse::<Unit>().is_err());
+    }
+}
