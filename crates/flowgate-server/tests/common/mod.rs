@@ -21,6 +21,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+pub mod upstream;
+
 /// A running server and its temporary configuration directory.
 pub struct TestServer {
     pub http: SocketAddr,

@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /json` | the RLS request/response in proto-JSON, as envoyproxy/ratelimit: 200 or 429 |
+//! | `POST /json` | the RLS request/response in proto-JSON, as envoyproxy/ratelimit: 200 or 429 (the `RateLimit` fields also as response headers) |
 //! | `POST /v1/check` | Flowgate's JSON: per descriptor `allowed, limit, burst, remaining, reset_after_ms, retry_after_ms, algorithm, name, shadow`; 200, 429 or 503 ([`check`]) |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | a configuration is loaded and the store answers (503 otherwise; with Redis, Redis itself is asked) |
@@ -97,8 +97,15 @@ async fn json(State(service): State<Arc<Service>>, body: Bytes) -> Response {
     } else {
         StatusCode::OK
     };
+    // The answer's fields go in the body (`responseHeadersToAdd`, as envoyproxy/ratelimit
+    // sends them) and on the response itself, as on `/v1/check`.
+    let fields = answer.clone();
     match rls::response(&verdict, answer) {
-        Ok(response) => json_response(status, &JsonResponse::from(&response)),
+        Ok(response) => {
+            let mut response = json_response(status, &JsonResponse::from(&response));
+            fields.apply(response.headers_mut());
+            response
+        }
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }

@@ -1,0 +1,341 @@
+//! One renderer for every front end: the same decisions, fed to the tower layer (an axum app),
+//! the gateway, `POST /v1/check`, `POST /json` and `ShouldRateLimit`, give the same
+//! `RateLimit-Policy`, `RateLimit`, `Retry-After`, `Flowgate-Fallback` and `Cache-Control`, and
+//! the statuses each protocol has for them. A blocklist rule is reported the same way by the
+//! four front ends of the service.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use common::upstream::{Upstream, client};
+use common::{OK, OVER_LIMIT, TestServer, descriptor, request};
+use flowgate::clock::ManualClock;
+use flowgate::http::key::Global;
+use flowgate::http::{Limit, Limits, RateLimitLayer};
+use flowgate::store::{Ask, FallbackStore, Store, StoreError};
+use flowgate::{Decision, FailMode, Quota, RateLimiter};
+use flowgate_server::backend::Backend;
+use flowgate_server::server::ServerConfig;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::body::Bytes;
+
+/// A store that answers each check with the next result of a script.
+struct Scripted(Mutex<VecDeque<Result<Decision, StoreError>>>);
+
+impl Scripted {
+    fn new(script: impl IntoIterator<Item = Result<Decision, StoreError>>) -> Self {
+        Scripted(Mutex::new(script.into_iter().collect()))
+    }
+}
+
+impl Store for Scripted {
+    async fn check(&self, _: Ask<'_>) -> Result<Decision, StoreError> {
+        self.0
+            .lock()
+            .unwrap()
+            .pop_front()
+            .expect("the script has an answer for every request")
+    }
+    async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A store that is down, for fallback decisions.
+struct Down;
+
+impl Store for Down {
+    async fn check(&self, _: Ask<'_>) -> Result<Decision, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+const QUOTA: Quota = Quota::per_second(10);
+
+/// Real decisions, one per case: allowed, denied, and each fail mode's, then two errors.
+async fn cases() -> Vec<(&'static str, Result<Decision, StoreError>)> {
+    let limiter = RateLimiter::with_clock(QUOTA, ManualClock::new(1 << 60));
+    let allowed = limiter.check_n(3).unwrap();
+    let _ = limiter.check_n(7).unwrap();
+    let denied = limiter.check_n(2).unwrap();
+    assert!(allowed.allowed && !denied.allowed);
+    let fallback = FallbackStore::builder(Down).build();
+    let mode = |mode| {
+        let fallback = &fallback;
+        async move {
+            fallback
+                .check(Ask::new("k", &QUOTA).fail(mode))
+                .await
+                .unwrap()
+        }
+    };
+    vec![
+        ("allowed", Ok(allowed)),
+        ("denied", Ok(denied)),
+        ("open", Ok(mode(FailMode::Open).await)),
+        ("local", Ok(mode(FailMode::Local).await)),
+        ("closed", Ok(mode(FailMode::Closed).await)),
+        ("unavailable", Err(StoreError::Unavailable("down".into()))),
+        ("broken", Err(StoreError::Backend("WRONGTYPE".into()))),
+    ]
+}
+
+/// The rate-limit fields of a response, by name.
+type Fields = Vec<(&'static str, Option<String>)>;
+
+const NAMES: [&str; 5] = [
+    "ratelimit-policy",
+    "ratelimit",
+    "retry-after",
+    "flowgate-fallback",
+    "cache-control",
+];
+
+fn fields(get: impl Fn(&str) -> Option<String>) -> Fields {
+    NAMES.iter().map(|name| (*name, get(name))).collect()
+}
+
+fn http_fields(headers: &hyper::HeaderMap) -> Fields {
+    fields(|name| {
+        headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    })
+}
+
+/// `GET /` with an empty body through `client`; the status and the fields.
+async fn get(addr: SocketAddr) -> (u16, Fields) {
+    let request = Request::get(format!("http://{addr}/"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let fields = http_fields(response.headers());
+    let _ = response.into_body().collect().await;
+    (status, fields)
+}
+
+/// An axum app behind the layer, counting in `store`, on loopback.
+async fn layer_app(store: Scripted) -> SocketAddr {
+    let limits = Limits::new().limit(Limit::new("per-ip", Global::default(), QUOTA));
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(store, limits).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    addr
+}
+
+const EDGE: &str = r#"
+domain: edge
+gateway:
+  descriptors:
+    - [{key: remote_address}]
+descriptors:
+  - key: remote_address
+    rate_limit: {name: per-ip, unit: second, requests_per_unit: 10}
+"#;
+
+async fn server(yaml: &str, backend: Option<Backend>, upstream: &Upstream) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+    if let Some(backend) = backend {
+        config.backend = backend;
+    }
+    config.upstream = Some(upstream.url().parse().unwrap());
+    TestServer::start_with(config, dir, vec![path]).await
+}
+
+/// What each front end sent for one case: the HTTP ones' statuses and fields, and gRPC's
+/// overall code (or error) with its `response_headers_to_add`.
+#[derive(Debug)]
+struct Seen {
+    layer: (u16, Fields),
+    gateway: (u16, Fields),
+    check: (u16, Fields),
+    json: (u16, Fields),
+    grpc: Result<(i32, Fields), tonic::Code>,
+}
+
+async fn through_the_service(
+    server: &TestServer,
+    domain: &str,
+    entries: &[(&str, &str)],
+) -> [(u16, Fields); 2] {
+    let pairs: Vec<String> = entries
+        .iter()
+        .map(|(k, v)| format!(r#"{{"key":"{k}","value":"{v}"}}"#))
+        .collect();
+    let body = format!(
+        r#"{{"domain":"{domain}","descriptors":[{{"entries":[{}]}}]}}"#,
+        pairs.join(",")
+    );
+    let check = server.post("/v1/check", &body).await;
+    let json = server.post("/json", &body).await;
+    [
+        (check.status, http_fields(&check.headers)),
+        (json.status, http_fields(&json.headers)),
+    ]
+}
+
+async fn grpc(
+    server: &TestServer,
+    domain: &str,
+    entries: &[(&str, &str)],
+) -> Result<(i32, Fields), tonic::Code> {
+    let mut client = server.rls().await;
+    match client
+        .should_rate_limit(request(domain, vec![descriptor(entries)]))
+        .await
+    {
+        Ok(response) => {
+            let response = response.into_inner();
+            let headers = &response.response_headers_to_add;
+            let fields = fields(|name| {
+                headers
+                    .iter()
+                    .find(|h| h.key == name)
+                    .map(|h| h.value.clone())
+            });
+            Ok((response.overall_code, fields))
+        }
+        Err(status) => Err(status.code()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_front_end_renders_the_same_decisions_the_same_way() {
+    let cases = cases().await;
+    let upstream = Upstream::start().await;
+    let layer = layer_app(Scripted::new(cases.iter().map(|c| c.1.clone()))).await;
+    // The service asks its store once per request: the gateway, /v1/check, /json and gRPC in
+    // turn, for every case.
+    let script = cases
+        .iter()
+        .flat_map(|c| std::iter::repeat_n(c.1.clone(), 4));
+    let backend = Backend::local(Arc::new(Scripted::new(script)));
+    let service = server(EDGE, Some(backend), &upstream).await;
+    let address = [("remote_address", "127.0.0.1")];
+
+    for (name, _) in &cases {
+        let layer = get(layer).await;
+        let gateway = get(service.gateway.unwrap()).await;
+        let [check, json] = through_the_service(&service, "edge", &address).await;
+        let grpc = grpc(&service, "edge", &address).await;
+        let seen = Seen {
+            layer,
+            gateway,
+            check,
+            json,
+            grpc,
+        };
+        // Every HTTP front end sends the same fields.
+        for other in [&seen.gateway.1, &seen.check.1, &seen.json.1] {
+            assert_eq!(other, &seen.layer.1, "{name}: {seen:#?}");
+        }
+        // The statuses each protocol has for the case.
+        let (http, json, grpc): (u16, u16, Result<i32, tonic::Code>) = match *name {
+            "allowed" | "open" | "local" => (200, 200, Ok(OK)),
+            "denied" => (429, 429, Ok(OVER_LIMIT)),
+            "closed" => (503, 429, Ok(OVER_LIMIT)),
+            "unavailable" => (503, 503, Err(tonic::Code::Unavailable)),
+            _ => (500, 500, Err(tonic::Code::Internal)),
+        };
+        let layer_or_gateway = |status| if status == 201 { 200 } else { status };
+        assert_eq!(seen.layer.0, http, "{name}: layer");
+        assert_eq!(layer_or_gateway(seen.gateway.0), http, "{name}: gateway");
+        assert_eq!(seen.check.0, http, "{name}: /v1/check");
+        assert_eq!(seen.json.0, json, "{name}: /json");
+        match (&seen.grpc, grpc) {
+            (Ok((code, fields)), Ok(expected)) => {
+                assert_eq!(*code, expected, "{name}: gRPC");
+                assert_eq!(fields, &seen.layer.1, "{name}: gRPC headers");
+            }
+            (Err(code), Err(expected)) => assert_eq!(*code, expected, "{name}: gRPC"),
+            (got, expected) => panic!("{name}: gRPC {got:?}, expected {expected:?}"),
+        }
+    }
+    // The fields themselves, for two cases (the renderer's own tests cover the rest).
+    let allowed = get(layer_app(Scripted::new([cases[0].1.clone()])).await).await;
+    assert_eq!(
+        allowed.1,
+        fields(|name| match name {
+            "ratelimit-policy" => Some(r#""per-ip";q=10;w=1"#.into()),
+            "ratelimit" => Some(r#""per-ip";r=7;t=1"#.into()),
+            _ => None,
+        })
+    );
+    let closed = get(layer_app(Scripted::new([cases[4].1.clone()])).await).await;
+    assert_eq!(
+        closed.1,
+        fields(|name| match name {
+            "retry-after" => Some("1".into()),
+            "flowgate-fallback" => Some("closed".into()),
+            "cache-control" => Some("no-store".into()),
+            _ => None,
+        })
+    );
+    service.stop().await;
+}
+
+const BLOCKLIST: &str = r#"
+domain: edge
+gateway:
+  descriptors:
+    - [{key: header, header: x-group, as: group}]
+descriptors:
+  - key: group
+    value: banned
+    rate_limit: {name: banned, unit: minute, requests_per_unit: 0}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocklist_rule_is_reported_as_a_quota_of_zero_everywhere() {
+    let upstream = Upstream::start().await;
+    let service = server(BLOCKLIST, None, &upstream).await;
+    let request = Request::get(format!("http://{}/", service.gateway.unwrap()))
+        .header("x-group", "banned")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let gateway = (response.status().as_u16(), http_fields(response.headers()));
+    let entries = [("group", "banned")];
+    let [check, json] = through_the_service(&service, "edge", &entries).await;
+    let grpc = grpc(&service, "edge", &entries).await.unwrap();
+    let expected = fields(|name| match name {
+        "ratelimit-policy" => Some(r#""banned";q=0;w=60"#.into()),
+        "ratelimit" => Some(r#""banned";r=0;t=60"#.into()),
+        "retry-after" => Some("60".into()),
+        "cache-control" => Some("no-store".into()),
+        _ => None,
+    });
+    assert_eq!(gateway, (429, expected.clone()));
+    assert_eq!(check, (429, expected.clone()));
+    assert_eq!(json, (429, expected.clone()));
+    assert_eq!(grpc, (OVER_LIMIT, expected));
+    assert!(upstream.seen().is_empty());
+    service.stop().await;
+}
