@@ -1,6 +1,6 @@
 //! Where the service counts: this process's memory (the embedded default), or a store shared by
 //! several instances (Redis, Redis Cluster) behind the library's
-//! [`FallbackStore`](flowgate::store::FallbackStore), which applies each rule's `fail` mode
+//! [`FallbackStore`], which applies each rule's `fail` mode
 //! (the mode travels with each request, [`Ask::fail`](flowgate::store::Ask::fail)).
 
 use std::sync::Arc;

@@ -110,11 +110,7 @@ fn fields(get: impl Fn(&str) -> Option<String>) -> Fields {
 }
 
 fn http_fields(headers: &hyper::HeaderMap) -> Fields {
-    fields(|name| {
-        headers
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    })
+    fields(|name| headers.get(name).map(|v| v.to_str().unwrap().to_owned()))
 }
 
 /// `GET /` with an empty body through `client`; the status and the fields.

@@ -1,7 +1,6 @@
 //! The `gateway` section's configuration errors: file, line, column and field.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::path::PathBuf;
 
 use flowgate_server::config::{Policy, Source};
@@ -73,4 +72,3 @@ fn only_one_file_may_have_a_gateway_section() {
         "b.yaml:3:3: `gateway`: only one configuration file may have a `gateway` section; a.yaml has one too"
     );
 }
-

@@ -338,4 +338,3 @@ descriptors:
     }
     server.stop().await;
 }
-

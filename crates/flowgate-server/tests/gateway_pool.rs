@@ -99,4 +99,3 @@ async fn idle_connections_the_upstream_closed_are_let_go() {
 
 const CONNECTS: &str = "flowgate_gateway_upstream_connects_total";
 const IDLE: &str = "flowgate_gateway_upstream_idle_connections";
-

@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use common::upstream::*;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use hyper::Request;
+use hyper::body::Bytes;
 use tokio::net::TcpListener;
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_requests_reach_the_upstream_intact() {
@@ -223,4 +222,3 @@ async fn a_slow_upstream_is_a_504_problem_after_the_timeout() {
     assert_eq!(get(&server, "/fine", &[]).await.status, 201);
     server.stop().await;
 }
-

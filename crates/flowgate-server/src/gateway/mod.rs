@@ -22,6 +22,7 @@
 //! The gateway speaks HTTP/1.1 to clients and to the upstream (pooled keep-alive connections).
 //! Upgrades (WebSocket) are not proxied yet: `Upgrade` is hop-by-hop and removed.
 
+mod descriptors;
 mod forward;
 mod pool;
 mod upstream;
@@ -33,9 +34,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flowgate::envoy::{Descriptor, Entry};
 use flowgate::http::answer::{Answer, AnswerKind};
-use flowgate::http::key::{self, KeyExtractor, KeyRejection, PeerAddr};
+use flowgate::http::key::PeerAddr;
 use flowgate::http::problem::Problem;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -49,7 +49,7 @@ use tokio::net::TcpListener;
 pub use upstream::{Upstream, UpstreamError};
 
 use crate::api::Service;
-use crate::config::gateway::{GatewayConfig, Source};
+use crate::config::gateway::GatewayConfig;
 use crate::config::{DEFAULT_POLICY_NAME, Policy};
 use crate::metrics::{Api, GatewayOutcome};
 
@@ -145,7 +145,7 @@ impl Gateway {
 
         let active = self.service.active();
         let config = active.policy.gateway.as_ref().unwrap_or(&self.fallback);
-        let descriptors = match descriptors(config, &parts) {
+        let descriptors = match descriptors::of_request(config, &parts) {
             Ok(descriptors) => descriptors,
             Err(rejection) => {
                 return self.problem(
@@ -254,50 +254,6 @@ impl Gateway {
             .gateway_response(GatewayOutcome::Forwarded);
         Response::from_parts(parts, Either::Left(body))
     }
-}
-
-/// The descriptors of a request under `config`. A descriptor with an entry whose source the
-/// request lacks (no such header, no valid bearer token, no such claim, no host) is skipped,
-/// as Envoy does; a header that is present but unusable as a key (not visible ASCII, longer
-/// than 256 bytes) rejects the request with 400.
-fn descriptors(config: &GatewayConfig, parts: &Parts) -> Result<Vec<Descriptor>, KeyRejection> {
-    let mut out = Vec::with_capacity(config.descriptors.len());
-    'descriptors: for entries in &config.descriptors {
-        let mut built = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let Some(value) = value_of(config, &entry.source, parts)? else {
-                continue 'descriptors;
-            };
-            built.push(Entry {
-                key: entry.key.clone(),
-                value,
-            });
-        }
-        out.push(Descriptor::new(built));
-    }
-    Ok(out)
-}
-
-/// The value of one entry, `None` when the request lacks it.
-fn value_of(
-    config: &GatewayConfig,
-    source: &Source,
-    parts: &Parts,
-) -> Result<Option<String>, KeyRejection> {
-    Ok(match source {
-        Source::RemoteAddress => Some(config.client_ip.extract(parts)?),
-        // `Header` answers 401 only for a missing (or blank) header.
-        Source::Header(header) => match header.extract(parts) {
-            Ok(value) => Some(value),
-            Err(rejection) if rejection.status == StatusCode::UNAUTHORIZED => None,
-            Err(rejection) => return Err(rejection),
-        },
-        Source::Path => Some(parts.uri.path().to_owned()),
-        Source::Method => Some(parts.method.as_str().to_owned()),
-        Source::Host => key::Host.extract(parts).ok(),
-        Source::JwtClaim(claim) => claim.extract(parts).ok(),
-        Source::Generic(value) => Some(value.clone()),
-    })
 }
 
 /// Serves `gateway` on `listener` until `shutdown` completes; then stops accepting and waits

@@ -304,7 +304,6 @@ pub async fn raw(addr: SocketAddr, raw: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
-
 /// A gateway section that lets everything through (one descriptor per client address).
 pub const PASS_ALL: &str = r#"
 domain: edge

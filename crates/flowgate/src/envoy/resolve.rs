@@ -56,7 +56,7 @@ impl AppliedLimit<'_> {
 /// overrides, `unlimited` and `replaces`. `applied` is `None` when no limit applies.
 ///
 /// Each entry's `status` is `Unmatched`, `Replaced` or `Unlimited`, or a placeholder
-/// `Checked` for the limits [`check`] then asks the store about; `hits` is the
+/// `Checked` for the limits [`check`](super::check) then asks the store about; `hits` is the
 /// descriptor's cost.
 pub fn resolve<'r>(
     rules: &'r RuleSet,

@@ -155,10 +155,10 @@ impl DomainSpec {
     }
 }
 
-/// A rule that carries a limit, as built into a [`RuleSet`].
+/// A rule that carries a limit, as built into a [`RuleSet`](super::RuleSet).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
-    /// Position in [`RuleSet::rules`]: a small, dense id for per-rule metrics.
+    /// Position in [`RuleSet::rules`](super::RuleSet::rules): a small, dense id for per-rule metrics.
     pub id: usize,
     /// The domain the rule belongs to.
     pub domain: String,
@@ -210,7 +210,7 @@ impl Rule {
     }
 }
 
-/// Where a [`RuleError`] is: the domain's index in the list given to [`RuleSet::build`], then
+/// Where a [`RuleError`] is: the domain's index in the list given to [`RuleSet::build`](super::RuleSet::build), then
 /// the index of the rule at each level (`[1, 0, 2]`: domain 1, its first rule, that rule's
 /// third child). An empty `rules` path points at the domain itself.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

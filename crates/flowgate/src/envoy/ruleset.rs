@@ -195,7 +195,7 @@ impl RuleSet {
     }
 
     /// The rule whose limit applies to a request descriptor in `domain`, following
-    /// envoyproxy/ratelimit's matching (see the [module docs](self)). `None` when the domain is
+    /// envoyproxy/ratelimit's matching (see the [module docs](super)). `None` when the domain is
     /// unknown or no rule with a limit matches at the descriptor's depth.
     pub fn find(&self, domain: &str, entries: &[Entry]) -> Option<&Rule> {
         self.domain(domain)?.find(entries)

@@ -3,11 +3,11 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /json` | the RLS request/response in proto-JSON, as envoyproxy/ratelimit: 200 or 429 (the `RateLimit` fields also as response headers) |
-//! | `POST /v1/check` | Flowgate's JSON: per descriptor `allowed, limit, burst, remaining, reset_after_ms, retry_after_ms, algorithm, name, shadow`; 200, 429 or 503 ([`check`]) |
+//! | `POST /v1/check` | Flowgate's JSON: per descriptor `allowed, limit, burst, remaining, reset_after_ms, retry_after_ms, algorithm, name, shadow`; 200, 429 or 503 |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | a configuration is loaded and the store answers (503 otherwise; with Redis, Redis itself is asked) |
 //! | `GET /metrics` | Prometheus / OpenMetrics text |
-//! | `GET /v1/config` | the active rules and configuration version ([`config`]) |
+//! | `GET /v1/config` | the active rules and configuration version |
 //!
 //! Malformed bodies get 400 with an RFC 9457 `application/problem+json` body; every decision
 //! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
