@@ -15,6 +15,8 @@
 //!   denies.
 //! * **Envoy's rate-limit model** (`envoy`, feature `envoy`): envoyproxy/ratelimit's domains,
 //!   descriptors and rule trees.
+//! * **WebSocket** (`ws`, feature `ws`): limits per connection, IP, user, room, slowmode and
+//!   role, message costs, error frames and close codes, transport-agnostic.
 //! * **HTTP** (`http`, feature `tower`): a tower rate-limit layer for axum, hyper and tonic
 //!   with the IETF `RateLimit` headers and problem+json refusals, key extractors that find the
 //!   client behind trusted proxies, and an outbound layer that paces a client's own calls.
@@ -54,6 +56,8 @@ pub mod limits;
 pub mod local;
 pub mod quota;
 pub mod store;
+#[cfg(feature = "ws")]
+pub mod ws;
 
 pub use decision::{Decision, Denied, FailMode};
 pub use local::{DEFAULT_MAX_KEYS, KeyedRateLimiter, RateLimiter};

@@ -22,7 +22,7 @@ pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(30);
 /// Default [`max_queue`](OutboundLimitLayerBuilder::max_queue): 10 000 waiting requests per key.
 pub const DEFAULT_MAX_QUEUE: usize = 10_000;
 /// Default [`max_keys`](OutboundLimitLayerBuilder::max_keys): 10 000 upstreams.
-pub const DEFAULT_MAX_KEYS: usize = 10_000;
+pub const DEFAULT_MAX_UPSTREAMS: usize = 10_000;
 
 /// Paces an HTTP client's requests: each key (by default each upstream host) gets its own
 /// quota, and a request waits for its turn — first come, first served — instead of failing,
@@ -88,7 +88,7 @@ impl OutboundLimitLayer<MonotonicClock> {
             key: Box::new(Host),
             max_delay: DEFAULT_MAX_DELAY,
             max_queue: DEFAULT_MAX_QUEUE,
-            max_keys: DEFAULT_MAX_KEYS,
+            max_keys: DEFAULT_MAX_UPSTREAMS,
             clock: MonotonicClock::new(),
         }
     }

@@ -25,7 +25,7 @@ mod service;
 
 pub use error::OutboundError;
 pub use layer::{
-    DEFAULT_MAX_DELAY, DEFAULT_MAX_KEYS, DEFAULT_MAX_QUEUE, OutboundLimitLayer,
+    DEFAULT_MAX_DELAY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_UPSTREAMS, OutboundLimitLayer,
     OutboundLimitLayerBuilder,
 };
 pub use service::{BoxError, OutboundLimit, ResponseFuture};
