@@ -345,35 +345,35 @@ impl Answer {
     /// [`headers`](Self::headers), moving the values out rather than sharing them (sharing a
     /// header value's bytes the first time allocates).
     pub fn into_headers(self) -> impl Iterator<Item = (&'static HeaderName, HeaderValue)> {
-        let legacy = self
-            .legacy
-            .into_iter()
-            .flat_map(|[limit, remaining, reset]| {
-                [
-                    (&X_RATELIMIT_LIMIT, HeaderValue::from(limit)),
-                    (&X_RATELIMIT_REMAINING, HeaderValue::from(remaining)),
-                    (&X_RATELIMIT_RESET, HeaderValue::from(reset)),
-                ]
-            });
-        let refusal = self.retry_after.into_iter().flat_map(|secs| {
-            [
-                (&RETRY_AFTER, HeaderValue::from(secs)),
-                (&CACHE_CONTROL, HeaderValue::from_static("no-store")),
-            ]
-        });
-        let no_store = (self.kind == AnswerKind::Failed)
-            .then(|| (&CACHE_CONTROL, HeaderValue::from_static("no-store")));
-        let fallback = self
-            .fallback
-            .map(|m| (&FLOWGATE_FALLBACK, HeaderValue::from_static(m.name())));
-        self.policy
-            .into_iter()
-            .map(|v| (&RATELIMIT_POLICY, v))
-            .chain(self.limit.into_iter().map(|v| (&RATELIMIT, v)))
-            .chain(legacy)
-            .chain(fallback)
-            .chain(refusal)
-            .chain(no_store)
+        let mut all = Vec::with_capacity(8);
+        self.each_header(|name, value, _| all.push((name, value)));
+        all.into_iter()
+    }
+
+    /// Hands every header to `f` in order, with whether it adds to a field of that name already
+    /// there (the `RateLimit` fields: another layer may have set its own) or replaces it.
+    #[inline(always)]
+    fn each_header(self, mut f: impl FnMut(&'static HeaderName, HeaderValue, bool)) {
+        if let Some(v) = self.policy {
+            f(&RATELIMIT_POLICY, v, true);
+        }
+        if let Some(v) = self.limit {
+            f(&RATELIMIT, v, true);
+        }
+        if let Some([limit, remaining, reset]) = self.legacy {
+            f(&X_RATELIMIT_LIMIT, HeaderValue::from(limit), false);
+            f(&X_RATELIMIT_REMAINING, HeaderValue::from(remaining), false);
+            f(&X_RATELIMIT_RESET, HeaderValue::from(reset), false);
+        }
+        if let Some(mode) = self.fallback {
+            f(&FLOWGATE_FALLBACK, HeaderValue::from_static(mode.name()), false);
+        }
+        if let Some(secs) = self.retry_after {
+            f(&RETRY_AFTER, HeaderValue::from(secs), false);
+        }
+        if self.retry_after.is_some() || self.kind == AnswerKind::Failed {
+            f(&CACHE_CONTROL, HeaderValue::from_static("no-store"), false);
+        }
     }
 
     /// The value of one of [`headers`](Self::headers) by (lower-case) name, as text.
@@ -386,45 +386,74 @@ impl Answer {
     /// Adds [`headers`](Self::headers) to `headers`: the `RateLimit` items after any already
     /// there (another layer's), the rest replacing what was there.
     pub fn apply(self, headers: &mut HeaderMap) {
-        for (name, value) in self.into_headers() {
-            if name == RATELIMIT || name == RATELIMIT_POLICY {
+        self.each_header(|name, value, append| {
+            if append {
                 headers.append(name.clone(), value);
             } else {
                 headers.insert(name.clone(), value);
             }
-        }
+        });
     }
 
     /// The problem that refuses the request; `None` when it is allowed.
     pub fn problem(&self) -> Option<Problem> {
-        Some(match self.kind {
-            AnswerKind::Allowed => return None,
-            AnswerKind::Limited => {
-                Problem::quota_exceeded(self.violated.clone(), self.retry_after.unwrap_or(1))
-            }
-            AnswerKind::Failed => Problem::status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the rate-limit store failed",
-            ),
-            AnswerKind::Closed | AnswerKind::Unavailable => Problem::status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the rate-limit store is unavailable",
-            ),
-        })
+        problem_for(self.kind, self.violated.clone(), self.retry_after)
     }
 
     /// The response that refuses the request — problem+json, or a gRPC status for gRPC
     /// requests — with [`headers`](Self::headers); `None` when it is allowed.
     pub fn refusal(self, grpc: bool) -> Option<Response<Bytes>> {
-        let problem = self.problem()?;
+        let Answer {
+            kind,
+            policy,
+            limit,
+            legacy,
+            fallback,
+            retry_after,
+            violated,
+        } = self;
+        let problem = problem_for(kind, violated, retry_after)?;
         let mut response = if grpc {
             problem.into_grpc_response()
         } else {
             problem.into_response()
         };
-        self.apply(response.headers_mut());
+        let fields = Answer {
+            kind,
+            policy,
+            limit,
+            legacy,
+            fallback,
+            retry_after,
+            violated: Vec::new(),
+        };
+        let headers = response.headers_mut();
+        fields.each_header(|name, value, append| {
+            if append {
+                headers.append(name.clone(), value);
+            } else if grpc || name != CACHE_CONTROL {
+                // A problem+json response says `no-store` already.
+                headers.insert(name.clone(), value);
+            }
+        });
         Some(response)
     }
+}
+
+/// The problem for an answer of `kind`; `None` when it allows.
+fn problem_for(kind: AnswerKind, violated: Vec<String>, retry_after: Option<u64>) -> Option<Problem> {
+    Some(match kind {
+        AnswerKind::Allowed => return None,
+        AnswerKind::Limited => Problem::quota_exceeded(violated, retry_after.unwrap_or(1)),
+        AnswerKind::Failed => Problem::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the rate-limit store failed",
+        ),
+        AnswerKind::Closed | AnswerKind::Unavailable => Problem::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate-limit store is unavailable",
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -557,7 +586,8 @@ mod tests {
         #[test]
         fn fields_are_the_items_joined_and_legacy_shows_the_binding_limit(
             limits in proptest::collection::vec(
-                ("[A-Za-z0-9._/-]{1,12}", 1u64..1_000, 1u64..100_000, any::<bool>(), 0u64..1_000,
+                // Names that need escaping too (quotes, backslashes, `;q=`, non-ASCII).
+                ("[A-Za-z0-9._/ \"\\\\;=qé-]{1,12}", 1u64..1_000, 1u64..100_000, any::<bool>(), 0u64..1_000,
                  0u64..10_000_000, 0u64..10_000_000),
                 1..5,
             ),
