@@ -196,6 +196,13 @@ async fn new_connections_per_ip_and_the_concurrency_caps_hold() {
     assert_eq!((open.len(), refused.len()), (20, 10));
     assert!(refused.iter().all(|r| r.scope == Scope::Connect));
     assert!(refused[0].retry_after_secs() >= 1);
+    assert_eq!(
+        refused[0].to_string(),
+        format!(
+            "connection refused by the connect limit; retry in {} s",
+            refused[0].retry_after_secs()
+        )
+    );
     assert!(
         refused[0]
             .decision

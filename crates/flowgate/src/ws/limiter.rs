@@ -89,6 +89,20 @@ impl Refusal {
     }
 }
 
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "connection refused by the {} limit; retry in {} s",
+            self.scope.name(),
+            self.retry_after_secs()
+        )
+    }
+}
+
+/// A refusal is an error, so `admit(…)?` works in functions returning `Box<dyn Error>`.
+impl std::error::Error for Refusal {}
+
 /// Connections open now, per IP and per user: bounded by the connections themselves (an entry
 /// exists only while its count is above zero).
 #[derive(Debug, Default)]
