@@ -9,7 +9,7 @@
 //! connections and its share of the callers. A multi-thread runtime is not used: on one core
 //! its LIFO slot runs a connection's task right after each caller that woke it, so every
 //! request went out in a write of its own (≈ 1 write syscall per request instead of one per
-//! batch, see REPORT-issue14.md).
+//! batch).
 
 mod target;
 
