@@ -12,7 +12,8 @@
 # other (`taskset -c $LOAD_CPU`). Every round runs every scenario against every server, the
 # servers' order rotating from round to round; a server's CPU is read from /proc/PID/stat
 # (utime + stime, all threads) before and after each run, the load generator's from
-# /usr/bin/time, and /proc/loadavg before and after. The summary gives medians over rounds.
+# /usr/bin/time, and /proc/loadavg before and after; the servers not being measured are
+# stopped (SIGSTOP) meanwhile. The summary gives medians over rounds.
 #
 # Scenarios (SCENARIOS):
 #   allowed  `flowgate loadgen`, 64 callers (over its default 4 connections), 1,000 values of
@@ -128,6 +129,7 @@ PY
 declare -A PID GRPC HTTP
 pids=()
 cleanup() {
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 }
@@ -246,6 +248,10 @@ for s in $SERVERS; do
   fi
 done
 
+# Servers not being measured are stopped (SIGSTOP): idle ones still wake up (Flowgate's clock
+# thread ticks every millisecond) and would take time from the measured one on the same core.
+for s in $SERVERS; do kill -STOP "${PID[$s]}"; done
+
 # --- rounds ----------------------------------------------------------------------------------
 # One TSV line per run.
 echo -e "round\tscenario\tserver\tanswered\telapsed_s\tok\tdenied\terrors\tp50_us\tp99_us\tserver_ticks\tgen_user_s\tgen_sys_s\tgen_wall_s\tload_before\tload_after" >"$OUT/runs.tsv"
@@ -256,6 +262,8 @@ for round in $(seq "$ROUNDS"); do
     for k in $(seq 0 $((n - 1))); do
       s=${server_list[$(((k + round - 1) % n))]}
       base="$OUT/$round.$scenario.$s"
+      kill -CONT "${PID[$s]}"
+      sleep 0.2
       load_before=$(cut -d' ' -f1-3 /proc/loadavg)
       t0=$(ticks "${PID[$s]}")
       case $scenario in
@@ -273,6 +281,7 @@ for round in $(seq "$ROUNDS"); do
           ;;
       esac
       t1=$(ticks "${PID[$s]}")
+      kill -STOP "${PID[$s]}"
       load_after=$(cut -d' ' -f1-3 /proc/loadavg)
       python3 - "$scenario" "$base" "$round" "$s" "$((t1 - t0))" "$load_before" "$load_after" >>"$OUT/runs.tsv" <<'PY'
 import json, re, sys
