@@ -125,3 +125,83 @@ async fn zipf_keys_for_a_duration_and_json_output_from_the_binary() {
     assert!(bad.is_err());
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_requests_are_denied_by_the_counter_and_threads_share_the_callers() {
+    let server = TestServer::start(&[("lg.yaml", POLICY)]).await;
+    let grpc = format!("grpc://{}", server.grpc);
+    // Every request asks for the whole limit (10): the first is allowed, the others denied.
+    let report = measure(&args(
+        grpc.clone(),
+        &[
+            "--keys",
+            "1",
+            "--requests",
+            "5",
+            "-c",
+            "1",
+            "--heavy-share",
+            "1",
+            "--heavy-hits",
+            "10",
+        ],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.ok, report.over_limit, report.errors),
+        (1, 4, 0),
+        "{report:?}"
+    );
+    let hits = "flowgate_hits_total{domain=\"lg\",rule=\"k\"}";
+    assert_eq!(server.metric(hits).await, 50.0);
+
+    // Two threads, each with its own connection and two of the four callers; about half of
+    // the 40 requests (a seeded draw) ask for 3 units, the others for 1.
+    let report = measure(&args(
+        grpc,
+        &[
+            "--keys",
+            "1",
+            "--requests",
+            "40",
+            "-c",
+            "4",
+            "--connections",
+            "2",
+            "--threads",
+            "2",
+            "--heavy-share",
+            "0.5",
+            "--heavy-hits",
+            "3",
+        ],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(report.threads, 2);
+    assert_eq!((report.requests, report.errors), (40, 0), "{report:?}");
+    // k0 is used up: everything is denied, and every unit asked for is counted.
+    assert_eq!(report.over_limit, 40);
+    let heavy_units = server.metric(hits).await - 50.0 - 40.0;
+    assert!(
+        heavy_units > 0.0 && heavy_units < 80.0 && heavy_units % 2.0 == 0.0,
+        "{heavy_units}"
+    );
+
+    // More threads than connections: one per connection.
+    let report = measure(&args(
+        format!("grpc://{}", server.grpc),
+        &["--requests", "10", "--connections", "1", "--threads", "4"],
+    ))
+    .await
+    .unwrap();
+    assert_eq!((report.threads, report.requests), (1, 10));
+
+    // A share is between 0 and 1.
+    for bad in ["1.5", "-0.1", "x"] {
+        let parsed = Cli::try_parse_from(["flowgate", "loadgen", "--heavy-share", bad]);
+        assert!(parsed.is_err(), "{bad}");
+    }
+    server.stop().await;
+}

@@ -4,13 +4,21 @@
 //! Callers run concurrently for a duration or a number of requests; keys are drawn from a
 //! fixed cardinality with a uniform or Zipf distribution. The summary has throughput and an
 //! HDR histogram's p50/p90/p99/p99.9 latencies, as text or JSON.
+//!
+//! Each of `--threads` OS threads runs its own single-threaded tokio runtime with its own
+//! connections and its share of the callers. A multi-thread runtime is not used: on one core
+//! its LIFO slot runs a connection's task right after each caller that woke it, so every
+//! request went out in a write of its own (≈ 1 write syscall per request instead of one per
+//! batch).
 
 mod target;
 
+use std::cell::RefCell;
 use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
+use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -19,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
 
-pub use target::{Outcome, Protocol, Target};
+pub use target::{Caller, Connections, Outcome, Protocol, Target};
 
 /// Flags of `flowgate loadgen`.
 #[derive(Debug, Clone, clap::Args)]
@@ -46,6 +54,14 @@ pub struct LoadgenArgs {
     /// Units each request asks for (`hits_addend`).
     #[arg(long, default_value_t = 1)]
     pub hits: u32,
+    /// Share of the requests (0 to 1, a seeded draw per request) that ask for `--heavy-hits`
+    /// units instead of `--hits` — e.g. more than a limit has left, so that they are denied
+    /// by the counter while the others are allowed.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share)]
+    pub heavy_share: f64,
+    /// Units each heavy request asks for (see `--heavy-share`).
+    #[arg(long, default_value_t = 1)]
+    pub heavy_hits: u32,
     /// Concurrent callers.
     #[arg(long, short = 'c', default_value_t = 64)]
     pub concurrency: usize,
@@ -53,6 +69,11 @@ pub struct LoadgenArgs {
     /// one per caller regardless).
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// Threads driving the load, each with its own connections and share of the callers
+    /// [default: the CPUs this process may run on, at most --connections (gRPC) or
+    /// --concurrency].
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// How long to run, e.g. `10s` (ignored with `--requests`).
     #[arg(long, short = 'd', default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
@@ -65,6 +86,13 @@ pub struct LoadgenArgs {
     /// Seed of the key draws (runs with the same seed send the same keys).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!("`{s}` is not a share between 0 and 1")),
+    }
 }
 
 /// How key values are drawn.
@@ -86,6 +114,8 @@ pub struct Report {
     pub protocol: &'static str,
     /// Concurrent callers.
     pub concurrency: usize,
+    /// Threads that drove them.
+    pub threads: usize,
     /// Distinct key values.
     pub keys: u64,
     /// Their distribution.
@@ -129,23 +159,8 @@ fn histogram() -> Result<Histogram<u64>, String> {
     Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
 }
 
-/// Shared progress counters.
-#[derive(Debug, Default)]
-struct Counters {
-    ok: AtomicU64,
-    over_limit: AtomicU64,
-    errors: AtomicU64,
-    /// Requests started (for `--requests`).
-    issued: AtomicU64,
-}
-
-impl Counters {
-    fn answered(&self) -> u64 {
-        self.ok.load(Ordering::Relaxed) + self.over_limit.load(Ordering::Relaxed)
-    }
-}
-
 /// Draws key values.
+#[derive(Debug)]
 enum Keys {
     Uniform(u64),
     Zipf(Zipf<f64>),
@@ -175,7 +190,14 @@ impl Keys {
 
 /// Runs `flowgate loadgen`.
 pub(crate) fn run(args: &LoadgenArgs) -> ExitCode {
-    let runtime = match super::runtime() {
+    // Without any subscriber, the `tracing` spans of h2 fall back to `log` records: ~4,800
+    // instructions per request spent on spans nobody reads (callgrind).
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
+    // This thread only waits for the threads that drive the load.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "cannot start the async runtime: {e}");
@@ -212,8 +234,8 @@ fn write_text(out: &mut impl std::io::Write, r: &Report) -> std::io::Result<()> 
     let ms = |us: u64| us as f64 / 1000.0;
     writeln!(
         out,
-        "target:     {} ({}), {} callers, {} keys ({:?})",
-        r.target, r.protocol, r.concurrency, r.keys, r.distribution
+        "target:     {} ({}), {} callers on {} threads, {} keys ({:?})",
+        r.target, r.protocol, r.concurrency, r.threads, r.keys, r.distribution
     )?;
     writeln!(
         out,
@@ -233,105 +255,302 @@ fn write_text(out: &mut impl std::io::Write, r: &Report) -> std::io::Result<()> 
     )
 }
 
+/// Progress counters of one thread's callers (written by that thread only).
+#[derive(Debug, Default)]
+struct Counters {
+    ok: AtomicU64,
+    over_limit: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, counter: &AtomicU64) {
+        // Only this thread writes: a load and a store, no locked instruction.
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
+/// What every thread shares.
+#[derive(Debug)]
+struct Shared {
+    keys: Keys,
+    /// Per thread.
+    counters: Vec<Counters>,
+    /// Requests started (for `--requests`).
+    issued: AtomicU64,
+}
+
+impl Shared {
+    fn sum(&self, f: impl Fn(&Counters) -> &AtomicU64) -> u64 {
+        self.counters
+            .iter()
+            .map(|c| f(c).load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// How many threads drive the load.
+fn thread_count(args: &LoadgenArgs, protocol: Protocol) -> usize {
+    let wanted = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let most = match protocol {
+        Protocol::Grpc => args.connections.max(1),
+        Protocol::Json | Protocol::Check => args.concurrency,
+    };
+    wanted.clamp(1, most.min(args.concurrency).max(1))
+}
+
+/// When the threads start and stop.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    /// Stop issuing requests then (`None` with `--requests`).
+    deadline: Option<Instant>,
+}
+
+/// What one thread does.
+struct Plan {
+    thread: usize,
+    threads: usize,
+    target: Target,
+    args: LoadgenArgs,
+    shared: Arc<Shared>,
+    /// Tells the coordinator that the connections are open (or why not).
+    ready: tokio::sync::oneshot::Sender<Result<(), String>>,
+    /// The start signal; dropped unsent when another thread could not connect.
+    go: tokio::sync::oneshot::Receiver<Clock>,
+}
+
+/// A thread's latencies and when its last caller finished.
+type Finished = (Histogram<u64>, Instant);
+
+/// Runs `plan` on a new single-threaded runtime.
+fn drive(plan: Plan) -> Result<Option<Finished>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let Plan {
+            thread,
+            threads,
+            target,
+            args,
+            shared,
+            ready,
+            go,
+        } = plan;
+        // Callers thread, thread + threads, …; connections likewise.
+        let callers: Vec<usize> = (thread..args.concurrency).step_by(threads).collect();
+        let connections = (thread..args.connections.max(1)).step_by(threads).count();
+        let opened = target
+            .connect(connections.max(1), callers.len(), &args.domain, &args.key)
+            .await;
+        let connections = match opened {
+            Ok(connections) => {
+                let _ = ready.send(Ok(()));
+                connections
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e.clone()));
+                return Err(e);
+            }
+        };
+        let Ok(clock) = go.await else {
+            return Ok(None);
+        };
+        let histogram = Rc::new(RefCell::new(histogram()?));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, &worker) in callers.iter().enumerate() {
+            let caller = connections.caller(i);
+            let seed = args.seed.wrapping_add(worker as u64);
+            tasks.spawn_local(call_loop(
+                caller,
+                seed,
+                args.clone(),
+                shared.clone(),
+                thread,
+                histogram.clone(),
+                clock,
+            ));
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined.map_err(|e| e.to_string())?;
+        }
+        let finished = Instant::now();
+        let histogram = histogram.borrow().clone();
+        Ok(Some((histogram, finished)))
+    })
+}
+
+/// One caller: requests back to back until the deadline or `--requests`.
+async fn call_loop(
+    mut caller: Caller,
+    seed: u64,
+    args: LoadgenArgs,
+    shared: Arc<Shared>,
+    thread: usize,
+    histogram: Rc<RefCell<Histogram<u64>>>,
+    clock: Clock,
+) {
+    let counters = &shared.counters[thread];
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut now = Instant::now();
+    loop {
+        if clock.deadline.is_some_and(|d| now >= d) {
+            break;
+        }
+        if let Some(limit) = args.requests
+            && shared.issued.fetch_add(1, Ordering::Relaxed) >= limit
+        {
+            break;
+        }
+        let key = shared.keys.draw(&mut rng);
+        let hits = if args.heavy_share > 0.0 && rng.random_bool(args.heavy_share) {
+            args.heavy_hits
+        } else {
+            args.hits
+        };
+        let sent = now;
+        let outcome = caller.call(key, hits).await;
+        now = Instant::now();
+        let micros = u64::try_from((now - sent).as_micros()).unwrap_or(u64::MAX);
+        match outcome {
+            Outcome::Ok | Outcome::OverLimit => {
+                histogram.borrow_mut().saturating_record(micros.max(1));
+                counters.add(if outcome == Outcome::Ok {
+                    &counters.ok
+                } else {
+                    &counters.over_limit
+                });
+            }
+            Outcome::Error => counters.add(&counters.errors),
+        }
+    }
+}
+
 /// Runs the load described by `args` and returns its summary.
 pub async fn measure(args: &LoadgenArgs) -> Result<Report, String> {
     if args.concurrency == 0 {
         return Err("--concurrency must be at least 1".into());
     }
-    let keys = Arc::new(Keys::new(args)?);
-    let target = Target::connect(args).await?;
-    let counters = Arc::new(Counters::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let progress = progress_bar(args);
+    let keys = Keys::new(args)?;
+    let target = Target::parse(&args.target)?;
+    let threads = thread_count(args, target.protocol());
+    let shared = Arc::new(Shared {
+        keys,
+        counters: (0..threads).map(|_| Counters::default()).collect(),
+        issued: AtomicU64::new(0),
+    });
 
+    let mut handles = Vec::new();
+    let mut ready = Vec::new();
+    let mut go = Vec::new();
+    for thread in 0..threads {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel();
+        let plan = Plan {
+            thread,
+            threads,
+            target: target.clone(),
+            args: args.clone(),
+            shared: shared.clone(),
+            ready: ready_tx,
+            go: go_rx,
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("loadgen-{thread}"))
+            .spawn(move || drive(plan))
+            .map_err(|e| format!("cannot start a thread: {e}"))?;
+        handles.push(handle);
+        ready.push(ready_rx);
+        go.push(go_tx);
+    }
+    // Every thread connects first; the clock starts when all have.
+    let mut failure = None;
+    for ready in ready {
+        match ready.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failure = failure.or(Some(e)),
+            Err(_) => failure = failure.or(Some("a load thread stopped".to_owned())),
+        }
+    }
     let started = Instant::now();
-    let deadline = args.requests.is_none().then(|| started + args.duration);
-    let mut workers = tokio::task::JoinSet::new();
-    for worker in 0..args.concurrency {
-        let client = target.client(worker);
-        let (keys, counters, stop) = (keys.clone(), counters.clone(), stop.clone());
-        let (limit, seed) = (args.requests, args.seed.wrapping_add(worker as u64));
-        workers.spawn(async move {
-            let mut rng = SmallRng::seed_from_u64(seed);
-            let mut histogram = histogram()?;
-            loop {
-                if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
-                    break;
-                }
-                if let Some(limit) = limit
-                    && counters.issued.fetch_add(1, Ordering::Relaxed) >= limit
-                {
-                    break;
-                }
-                let key = keys.draw(&mut rng);
-                let sent = Instant::now();
-                let outcome = client.call(key).await;
-                let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
-                match outcome {
-                    Outcome::Ok | Outcome::OverLimit => {
-                        histogram.saturating_record(micros.max(1));
-                        let counter = if outcome == Outcome::Ok {
-                            &counters.ok
-                        } else {
-                            &counters.over_limit
-                        };
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Outcome::Error => {
-                        counters.errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            Ok::<_, String>(histogram)
-        });
+    if failure.is_none() {
+        let clock = Clock {
+            deadline: args.requests.is_none().then(|| started + args.duration),
+        };
+        for go in go {
+            let _ = go.send(clock);
+        }
+    } else {
+        drop(go);
     }
 
-    // Progress until every worker is done.
+    let progress = progress_bar(args);
     let ticker = progress.clone().map(|bar| {
-        let counters = counters.clone();
+        let shared = shared.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                bar.set_position(counters.answered() + counters.errors.load(Ordering::Relaxed));
+                let answered = shared.sum(|c| &c.ok) + shared.sum(|c| &c.over_limit);
+                bar.set_position(answered + shared.sum(|c| &c.errors));
                 bar.set_message(format!(
                     "{:.0} req/s",
-                    counters.answered() as f64 / started.elapsed().as_secs_f64().max(1e-9)
+                    answered as f64 / started.elapsed().as_secs_f64().max(1e-9)
                 ));
             }
         })
     });
-    let mut merged = histogram()?;
-    let mut failure = None;
-    while let Some(joined) = workers.join_next().await {
-        match joined {
-            Ok(Ok(histogram)) => merged.add(histogram).map_err(|e| e.to_string())?,
-            Ok(Err(e)) => failure = Some(e),
-            Err(e) => failure = Some(e.to_string()),
-        }
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
+    let results = tokio::task::spawn_blocking(move || {
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a load thread panicked".into()))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     if let Some(ticker) = ticker {
         ticker.abort();
     }
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
+    let mut merged = histogram()?;
+    let mut finished = started;
+    for result in results {
+        match result {
+            Ok(Some((histogram, at))) => {
+                merged.add(histogram).map_err(|e| e.to_string())?;
+                finished = finished.max(at);
+            }
+            Ok(None) => {}
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
     if let Some(e) = failure {
         return Err(e);
     }
-    let requests = counters.answered();
+    let elapsed = (finished - started).as_secs_f64();
+    let ok = shared.sum(|c| &c.ok);
+    let over_limit = shared.sum(|c| &c.over_limit);
+    let requests = ok + over_limit;
     Ok(Report {
         target: args.target.clone(),
         protocol: target.protocol().name(),
         concurrency: args.concurrency,
+        threads,
         keys: args.keys,
         distribution: args.distribution,
         elapsed_s: elapsed,
         requests,
-        ok: counters.ok.load(Ordering::Relaxed),
-        over_limit: counters.over_limit.load(Ordering::Relaxed),
-        errors: counters.errors.load(Ordering::Relaxed),
+        ok,
+        over_limit,
+        errors: shared.sum(|c| &c.errors),
         throughput: requests as f64 / elapsed.max(1e-9),
         latency_us: Latency {
             p50: merged.value_at_quantile(0.50),
