@@ -171,6 +171,19 @@ async fn many_members_trip_the_room_limit_slowmode_spaces_and_moderators_are_exe
         Verdict::Forward
     );
     assert_eq!(forwarded(&send(&mut moderator, &store, 20).await), 20);
+
+    // A room of its own: slowmode only there, with its own interval.
+    let per_room = WsLimiter::builder()
+        .clock(clock.clone())
+        .slowmode_for_room("announcements", Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut bo = per_room
+        .admit(Client::new("10.1.0.3").user("bo").room("chat"))
+        .unwrap();
+    assert_eq!(forwarded(&send(&mut bo, &store, 5).await), 5);
+    bo.join("announcements");
+    assert_eq!(forwarded(&send(&mut bo, &store, 5).await), 1);
 }
 
 #[tokio::test]

@@ -40,13 +40,11 @@ use axum::extract::ws::{CloseFrame, Message as Frame, Utf8Bytes, WebSocket, WebS
 use axum::extract::{FromRequestParts, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use flowgate::http::answer::{Answer, LimitReport};
-use flowgate::http::headers::policy_item_value;
 use flowgate::http::key::{ClientIp, KeyExtractor};
 use flowgate::http::problem::Problem;
 use flowgate::store::MemoryStore;
-use flowgate::ws::{Client, Close, Message, Refusal, Scope, Session, Verdict, WsLimiter};
-use http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, RETRY_AFTER};
+use flowgate::ws::{Client, Close, Message, Refusal, Session, Verdict, WsLimiter};
+use http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
 use http::{HeaderValue, StatusCode};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -80,8 +78,6 @@ struct Chat {
     store: MemoryStore,
     /// The client's address as a key (IPv6 by /64), believing trusted proxies.
     client_ip: ClientIp,
-    /// The connection rate's `RateLimit-Policy` item, for 429s.
-    connect_policy: HeaderValue,
     /// The limits in words, sent in the welcome frame.
     limits: Vec<String>,
     /// Each room's broadcast channel; a room exists while someone is in it.
@@ -96,7 +92,6 @@ pub fn app(config: &Config) -> Result<Router, flowgate::ws::WsPolicyError> {
         limiter: config.limiter()?,
         store: MemoryStore::new(),
         client_ip: ClientIp::new(config.trusted_proxies.clone()),
-        connect_policy: policy_item_value(Scope::Connect.name(), &config.connections_per_ip),
         limits: config.describe(),
         rooms: Mutex::new(HashMap::new()),
     });
@@ -236,27 +231,7 @@ impl Chat {
     /// The 429 for a connection refused before the upgrade: `Retry-After`, a problem body
     /// naming the cap, and for the connection rate the `RateLimit` fields.
     fn refused(&self, refusal: &Refusal) -> Response {
-        if let Some(decision) = refusal.decision {
-            let result = Ok(decision);
-            let report = LimitReport {
-                name: Scope::Connect.name(),
-                policy_item: &self.connect_policy,
-                enforced: true,
-                result: &result,
-            };
-            if let Some(response) = Answer::new([report], false).refusal(false) {
-                return response.map(Body::from);
-            }
-        }
-        let secs = refusal.retry_after_secs();
-        let mut response = problem(Problem::quota_exceeded(
-            vec![refusal.scope.name().to_owned()],
-            secs,
-        ));
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(secs));
-        response
+        self.limiter.refusal_response(refusal).map(Body::from)
     }
 
     /// Joins `room`: its sender (to speak) and a receiver (to hear).

@@ -366,7 +366,11 @@ impl Answer {
             f(&X_RATELIMIT_RESET, HeaderValue::from(reset), false);
         }
         if let Some(mode) = self.fallback {
-            f(&FLOWGATE_FALLBACK, HeaderValue::from_static(mode.name()), false);
+            f(
+                &FLOWGATE_FALLBACK,
+                HeaderValue::from_static(mode.name()),
+                false,
+            );
         }
         if let Some(secs) = self.retry_after {
             f(&RETRY_AFTER, HeaderValue::from(secs), false);
@@ -441,7 +445,11 @@ impl Answer {
 }
 
 /// The problem for an answer of `kind`; `None` when it allows.
-fn problem_for(kind: AnswerKind, violated: Vec<String>, retry_after: Option<u64>) -> Option<Problem> {
+fn problem_for(
+    kind: AnswerKind,
+    violated: Vec<String>,
+    retry_after: Option<u64>,
+) -> Option<Problem> {
     Some(match kind {
         AnswerKind::Allowed => return None,
         AnswerKind::Limited => Problem::quota_exceeded(violated, retry_after.unwrap_or(1)),

@@ -265,6 +265,11 @@ impl<C: Clock + Clone> WsLimiter<C> {
         Ok(Session::new(self.clone(), client))
     }
 
+    /// The rate of new connections per IP, if limited.
+    pub fn connect_quota(&self) -> Option<Quota> {
+        self.inner.rules.connect_rate
+    }
+
     /// The error frame for `rejection`, from the configured template.
     pub fn error_frame(&self, rejection: &Rejection) -> String {
         self.inner.rules.frame.render(rejection)
@@ -543,7 +548,8 @@ impl<C: Clock + Clone> Session<C> {
             .role
             .as_ref()
             .is_some_and(|r| rules.slowmode_exempt.contains(r));
-        if let (Some(quota), Some(room), false) = (rules.slowmode, room, exempt) {
+        let slowmode = room.and_then(|room| rules.slowmode_in(room));
+        if let (Some(quota), Some(room), false) = (slowmode, room, exempt) {
             slow_key.clear();
             slow_key.push_str(&rules.key_prefix);
             slow_key.push_str("slow:");

@@ -63,6 +63,8 @@ mod limiter;
 mod message;
 mod penalty;
 mod policy;
+#[cfg(feature = "tower")]
+mod refusal;
 mod stats;
 mod verdict;
 

@@ -55,8 +55,10 @@ pub(crate) struct Rules {
     pub(crate) bytes: Option<Quota>,
     pub(crate) user: PerRole,
     pub(crate) room: Option<Quota>,
-    /// One message per interval per user and room (a bucket of one).
+    /// One message per interval per user and room (a bucket of one), in every room…
     pub(crate) slowmode: Option<Quota>,
+    /// … unless the room has its own interval (Discord sets slowmode per channel).
+    pub(crate) slowmode_rooms: HashMap<String, Quota>,
     /// Roles slowmode does not apply to (moderators, bots).
     pub(crate) slowmode_exempt: HashSet<String>,
     pub(crate) errors: Option<Quota>,
@@ -75,6 +77,11 @@ pub(crate) struct Rules {
 impl Rules {
     pub(crate) fn is_dry_run(&self, scope: Scope) -> bool {
         self.dry_run.contains(&scope)
+    }
+
+    /// The slowmode interval in `room`, if there is one.
+    pub(crate) fn slowmode_in(&self, room: &str) -> Option<Quota> {
+        self.slowmode_rooms.get(room).copied().or(self.slowmode)
     }
 }
 
@@ -149,6 +156,7 @@ impl Default for WsLimiterBuilder<MonotonicClock> {
                 user: PerRole::default(),
                 room: None,
                 slowmode: None,
+                slowmode_rooms: HashMap::new(),
                 slowmode_exempt: HashSet::new(),
                 errors: None,
                 max_message_size: None,
@@ -265,6 +273,18 @@ impl<C: Clock + Clone> WsLimiterBuilder<C> {
         match Quota::new(1, interval) {
             Ok(quota) => {
                 self.rules.slowmode = Some(quota);
+                self
+            }
+            Err(_) => self.fail(WsPolicyError::Zero("slowmode")),
+        }
+    }
+
+    /// Slowmode in `room` only (or with its own interval there): one message per `interval`
+    /// per user.
+    pub fn slowmode_for_room(mut self, room: impl Into<String>, interval: Duration) -> Self {
+        match Quota::new(1, interval) {
+            Ok(quota) => {
+                self.rules.slowmode_rooms.insert(room.into(), quota);
                 self
             }
             Err(_) => self.fail(WsPolicyError::Zero("slowmode")),
