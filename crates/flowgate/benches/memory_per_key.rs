@@ -56,8 +56,10 @@ fn bytes_per_key(n: u64, fill: impl FnOnce(u64) -> Box<dyn std::any::Any>) -> f6
 fn main() {
     // `cargo bench` passes `--bench`; nothing to parse.
     // Start flowgate's clock thread first so its allocations are not counted.
-    let _ = flowgate::clock::MonotonicClock::new();
-    println!("keys        flowgate B/key   governor B/key");
+    let _ = flowgate::clock::Clock::recent(&flowgate::clock::MonotonicClock::new());
+    println!(
+        "keys        flowgate B/key   governor B/key   memory store gcra B/key   memory store fixed_window B/key"
+    );
     for n in [1_000u64, 100_000, 1_000_000, 4_000_000] {
         let flowgate = bytes_per_key(n, |n| {
             let l = KeyedRateLimiter::<u64>::builder(Quota::per_hour(1))
@@ -76,6 +78,26 @@ fn main() {
             }
             Box::new(l)
         });
-        println!("{n:<11} {flowgate:>14.1} {governor:>16.1}");
+        // The service's memory store, with counter names as the service writes them (~70
+        // bytes: domain, descriptor, quota).
+        let store = |algorithm| {
+            move |n: u64| -> Box<dyn std::any::Any> {
+                use flowgate::store::{Ask, MemoryStore, Store};
+                let quota = Quota::per_hour(1).with_algorithm(algorithm).unwrap();
+                let store = MemoryStore::builder().max_keys(2 * n as usize).build();
+                let mut name = String::new();
+                for k in 0..n {
+                    name.clear();
+                    use std::fmt::Write;
+                    let _ = write!(name, "bench|api_key=key-{k}#{algorithm}:1:3600000000000:1");
+                    let _ = store.check_now(Ask::new(&name, &quota));
+                }
+                assert_eq!(store.stats().keys as u64, n);
+                Box::new(store)
+            }
+        };
+        let gcra = bytes_per_key(n, store(flowgate::Algorithm::Gcra));
+        let fixed = bytes_per_key(n, store(flowgate::Algorithm::FixedWindow));
+        println!("{n:<11} {flowgate:>14.1} {governor:>16.1} {gcra:>25.1} {fixed:>33.1}");
     }
 }

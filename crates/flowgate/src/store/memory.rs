@@ -54,13 +54,34 @@ impl<C: Cell> Cell for Tracked<C> {
     }
 }
 
-type Map<C> = ShardedMap<Box<str>, Tracked<C>>;
+/// A counter's key in the table: 128 bits of a keyed hash of its name — 16 bytes however long
+/// the name (the service's counter names run to 60–100 bytes), with a random seed per store,
+/// so no one can steer two names onto one counter. For a million counters the chance that
+/// any two share one is about 10⁻²⁷.
+type Key = [u64; 2];
+
+/// Hashes counter names into [`Key`]s: two independently seeded 64-bit hashes.
+struct KeyHasher(foldhash::quality::RandomState, foldhash::quality::RandomState);
+
+impl KeyHasher {
+    fn new() -> Self {
+        KeyHasher(Default::default(), Default::default())
+    }
+
+    #[inline]
+    fn key(&self, name: &str) -> Key {
+        use std::hash::BuildHasher;
+        [self.0.hash_one(name), self.1.hash_one(name)]
+    }
+}
+
+type Map<C> = ShardedMap<Key, Tracked<C>>;
 
 /// Applies `f` to `key`'s state in `map`, inserting the key if `f` changed a fresh state, and
 /// records when the state goes idle.
 fn update<C: Cell, R>(
     map: &Map<C>,
-    key: &str,
+    key: &Key,
     quota: &Quota,
     now: Nanos,
     f: impl Fn(&mut C::State) -> R,
@@ -85,7 +106,7 @@ fn update<C: Cell, R>(
             tracked.idle_at.store(idle, Ordering::Relaxed);
             (result, Some(tracked))
         },
-        |k: &str| Box::from(k),
+        |k: &Key| *k,
     )
 }
 
@@ -94,9 +115,13 @@ fn update<C: Cell, R>(
 /// Sharded and lock-free like [`KeyedRateLimiter`](crate::local::KeyedRateLimiter): a call on
 /// a key that exists allocates nothing, and memory is bounded by `max_keys` per algorithm, with
 /// idle keys dropped first. Decisions are exactly those of the Redis store for the same trace.
+/// Counter names are kept as 128-bit keyed hashes, so a counter takes the same few dozen bytes
+/// however long its name (`benches/memory_per_key.rs`).
 #[derive(Debug)]
 pub struct MemoryStore<C: Clock = MonotonicClock> {
     clock: C,
+    /// Counter names to table keys.
+    keys: KeyHasher,
     /// The clock's lag, for re-checking denials on a precise reading.
     lag: Duration,
     maps: Maps,
@@ -108,6 +133,12 @@ struct Maps {
     fixed: Map<FixedCell>,
     sliding: Map<SlidingCell>,
     log: Map<LogCell>,
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHasher")
+    }
 }
 
 impl std::fmt::Debug for Maps {
@@ -145,6 +176,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         let shards = std::thread::available_parallelism().map_or(4, |n| n.get()) * 32;
         let n = self.max_keys;
         MemoryStore {
+            keys: KeyHasher::new(),
             lag: lag_of(&self.clock),
             clock: self.clock,
             maps: Maps {
@@ -215,9 +247,10 @@ impl<C: Clock> MemoryStore<C> {
             key, quota, cost, ..
         } = ask;
         quota.check_cost(cost)?;
+        let key = self.keys.key(key);
         Ok(with_map!(self, quota, m => {
             decide(&self.clock, self.lag, |now| {
-                update(m, key, quota, now, |s| s.check(quota, cost, now))
+                update(m, &key, quota, now, |s| s.check(quota, cost, now))
             })
         }))
     }
@@ -225,15 +258,17 @@ impl<C: Clock> MemoryStore<C> {
     /// Gives back `units`, synchronously.
     pub(crate) fn refund_now(&self, key: &str, quota: &Quota, units: u64) {
         let now = self.clock.now();
+        let key = self.keys.key(key);
         with_map!(self, quota, m => {
-            m.get(key, |t| t.cell.update(|s| s.refund(quota, units, now)));
+            m.get(&key, |t| t.cell.update(|s| s.refund(quota, units, now)));
         });
     }
 
     /// Forgets `key` for `quota`'s algorithm, synchronously.
     pub(crate) fn reset_now(&self, key: &str, quota: &Quota) {
+        let key = self.keys.key(key);
         with_map!(self, quota, m => {
-            m.remove(key);
+            m.remove(&key);
         });
     }
 
