@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowgate::store::{DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::clock::PreciseClock;
+use flowgate::store::{DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
 
 /// The service's store: one [`DynStore`] that every request goes to, and — for a shared store

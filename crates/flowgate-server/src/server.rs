@@ -28,6 +28,8 @@ pub struct ServerConfig {
     pub noop: bool,
     /// Where the gateway forwards allowed requests; required with a gateway listener.
     pub upstream: Option<Upstream>,
+    /// Strict readiness: `/readyz` fails while the store does not answer (default off).
+    pub ready_requires_store: bool,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -54,6 +56,7 @@ impl ServerConfig {
             watch: true,
             noop: false,
             upstream: None,
+            ready_requires_store: false,
         })
     }
 }
@@ -95,6 +98,7 @@ pub async fn run(
     };
     let noop = config.noop;
     let service = Arc::new(Service::new(config.policy, config.backend));
+    service.require_store_for_readiness(config.ready_requires_store);
     let (stop, stopped) = watch::channel(false);
     let signal = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

@@ -177,3 +177,51 @@ fn serve_refuses_an_upstream_that_is_not_plain_http() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn sighup_with_the_builtin_policy_does_not_kill_the_server() {
+    let (http, grpc) = (free_port(), free_port());
+    let mut child = Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--http",
+            &http.to_string(),
+            "--grpc",
+            &grpc.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..3 {
+        let status = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "SIGHUP killed the server"
+        );
+    }
+    assert!(http_get(http, "/healthz").unwrap().contains("ok"));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(log.matches("SIGHUP: nothing to reload").count(), 3, "{log}");
+}

@@ -155,6 +155,15 @@ async fn redis_outage_follows_each_rules_fail_mode_and_recovers() {
         fail: FailMode::Closed,
         instances: 2,
     };
+    let strict = {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, OUTAGE).unwrap();
+        let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+        config.backend = Backend::shared(Arc::new(store.clone()), options);
+        config.ready_requires_store = true;
+        TestServer::start_with(config, dir, vec![path]).await
+    };
     let server = serve(OUTAGE, store, options).await;
     let check = |key: &str| check_body("outage", key, "x");
 
@@ -207,9 +216,17 @@ async fn redis_outage_follows_each_rules_fail_mode_and_recovers() {
         "{response:?}"
     );
 
+    // Fleet-safe readiness: the store's outage is reported, not turned into unreadiness (every
+    // instance would leave the load balancer at once; the fail modes handle the outage).
     let ready = server.get("/readyz").await;
-    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert_eq!(ready.status, 200, "{}", ready.body);
     assert_eq!(ready.json()["store"], "unreachable");
+    assert_eq!(ready.json()["ready"], true);
+    // Strict readiness (`--ready-requires-store`) is the old behaviour, for those who want it.
+    let ready = strict.get("/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert_eq!(ready.json()["store_required"], true);
+    strict.stop().await;
     assert!(
         server
             .metric("flowgate_fallback_decisions_total{mode=\"open\"}")

@@ -10,7 +10,7 @@ mod problem;
 pub mod rls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::http::HeaderValue;
@@ -62,6 +62,11 @@ pub struct Service {
     metrics: Metrics,
     /// The last version handed out.
     version: AtomicU64,
+    /// Set when the server begins to stop: `/readyz` then fails, so load balancers drain it.
+    draining: AtomicBool,
+    /// Whether `/readyz` also requires the store to answer (off by default: a store outage is
+    /// what each rule's `fail` mode is for, and must not empty a load balancer's pool).
+    ready_requires_store: AtomicBool,
 }
 
 impl std::fmt::Debug for Service {
@@ -86,7 +91,30 @@ impl Service {
             backend,
             metrics,
             version: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
+            ready_requires_store: AtomicBool::new(false),
         }
+    }
+
+    /// Makes `/readyz` fail while the store does not answer (strict readiness; see
+    /// `--ready-requires-store`).
+    pub fn require_store_for_readiness(&self, on: bool) {
+        self.ready_requires_store.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether readiness requires the store.
+    pub fn readiness_requires_store(&self) -> bool {
+        self.ready_requires_store.load(Ordering::Relaxed)
+    }
+
+    /// Marks the server as stopping: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the server is stopping.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     /// The running policy.

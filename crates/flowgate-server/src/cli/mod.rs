@@ -47,6 +47,7 @@ pub fn run(cli: Cli) -> ExitCode {
 
 fn init_logging() {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

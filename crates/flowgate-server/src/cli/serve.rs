@@ -60,6 +60,11 @@ pub struct ServeArgs {
     /// [default: 127.0.0.1:8000].
     #[arg(long, value_name = "ADDR", requires = "upstream")]
     pub gateway: Option<SocketAddr>,
+    /// Strict readiness: `/readyz` answers 503 while the store (Redis) does not answer. Off by
+    /// default: a Redis outage is what each rule's `fail` mode is for, and must not take every
+    /// instance out of the load balancer at once.
+    #[arg(long)]
+    pub ready_requires_store: bool,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
@@ -75,6 +80,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
         }
     };
     config.noop = args.noop;
+    config.ready_requires_store = args.ready_requires_store;
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,
@@ -195,7 +201,14 @@ async fn connect_redis(
     shared: SharedOptions,
 ) -> Result<crate::backend::Backend, String> {
     use flowgate::store::RedisStore;
-    let what = redis.urls.join(",");
+    // Logs and errors show the URLs without their passwords.
+    let what = redis
+        .urls
+        .iter()
+        .map(|url| redact_url(url))
+        .collect::<Vec<_>>()
+        .join(",");
+    let redis_urls = redis.urls.clone();
     let builder = match <[String; 1]>::try_from(redis.urls) {
         Ok([url]) if !redis.cluster => RedisStore::builder(url),
         Ok(urls) => RedisStore::cluster_builder(urls),
@@ -206,7 +219,11 @@ async fn connect_redis(
         .timeout(redis.timeout)
         .connect()
         .await
-        .map_err(|e| format!("cannot connect to Redis at {what}: {e}"))?;
+        .map_err(|e| {
+            let error = e.to_string();
+            let error = redis_urls_redacted(&error, &redis_urls);
+            format!("cannot connect to Redis at {what}: {error}")
+        })?;
     tracing::info!(redis = %what, fail = ?shared.fail, instances = shared.instances, "counting in Redis");
     Ok(crate::backend::Backend::shared(
         std::sync::Arc::new(store),
@@ -220,4 +237,54 @@ async fn connect_redis(
     _shared: SharedOptions,
 ) -> Result<crate::backend::Backend, String> {
     Err("--redis needs flowgate built with the `redis` feature (on by default)".to_owned())
+}
+
+/// `url` with the password of its user information replaced by `***`
+/// (`redis://:secret@host:6379` → `redis://:***@host:6379`); unchanged if it has none.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = match userinfo.find(':') {
+        Some(colon) => &userinfo[..colon],
+        None => userinfo,
+    };
+    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+}
+
+/// `text` with every URL of `urls` that appears in it redacted (errors may quote them).
+fn redis_urls_redacted(text: &str, urls: &[String]) -> String {
+    urls.iter().fold(text.to_owned(), |text, url| {
+        text.replace(url.as_str(), &redact_url(url))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact_url("redis://:s3cret@10.0.0.5:6379/0"),
+            "redis://:***@10.0.0.5:6379/0"
+        );
+        assert_eq!(
+            redact_url("rediss://app:pw@r.example:6380"),
+            "rediss://app:***@r.example:6380"
+        );
+        assert_eq!(redact_url("redis://token@host"), "redis://token:***@host");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(redact_url("redis://host/0?x=@y"), "redis://host/0?x=@y");
+        assert_eq!(
+            redis_urls_redacted("failed: redis://:pw@h/", &["redis://:pw@h/".into()]),
+            "failed: redis://:***@h/"
+        );
+    }
 }

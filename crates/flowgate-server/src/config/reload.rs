@@ -73,16 +73,31 @@ pub fn reload_now(
 }
 
 /// Watches `paths` (and SIGHUP) until `shutdown` completes, reloading into `target`.
-/// With no paths (the built-in policy) there is nothing to watch and this returns at once.
+/// With no paths (the built-in policy) there is nothing to reload: SIGHUP is still handled —
+/// it must never kill the server (a systemd `ExecReload` sends it) — and says so in the log.
 pub async fn watch(
     paths: Vec<PathBuf>,
     target: Arc<dyn Target>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    if paths.is_empty() {
-        return;
-    }
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    if paths.is_empty() {
+        spawn_sighup(tx);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                signal = rx.recv() => {
+                    if signal.is_none() {
+                        return;
+                    }
+                    tracing::info!(
+                        "SIGHUP: nothing to reload (the built-in policy is running; start with --config FILE to reload files)"
+                    );
+                }
+            }
+        }
+    }
     let events = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|e| may_change_content(&e.kind)) {
@@ -168,7 +183,7 @@ fn spawn_sighup(tx: mpsc::UnboundedSender<()>) {
         Ok(mut hup) => {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP: reloading the configuration");
+                    tracing::debug!("SIGHUP received");
                     if tx.send(()).is_err() {
                         return;
                     }

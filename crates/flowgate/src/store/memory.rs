@@ -61,7 +61,10 @@ impl<C: Cell> Cell for Tracked<C> {
 type Key = [u64; 2];
 
 /// Hashes counter names into [`Key`]s: two independently seeded 64-bit hashes.
-struct KeyHasher(foldhash::quality::RandomState, foldhash::quality::RandomState);
+struct KeyHasher(
+    foldhash::quality::RandomState,
+    foldhash::quality::RandomState,
+);
 
 impl KeyHasher {
     fn new() -> Self {

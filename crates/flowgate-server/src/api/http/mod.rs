@@ -5,7 +5,7 @@
 //! | `POST /json` | the RLS request/response in proto-JSON, as envoyproxy/ratelimit: 200 or 429 (the `RateLimit` fields also as response headers) |
 //! | `POST /v1/check` | Flowgate's JSON: per descriptor `allowed, limit, burst, remaining, reset_after_ms, retry_after_ms, algorithm, name, shadow`; 200, 429 or 503 |
 //! | `GET /healthz` | the process is up |
-//! | `GET /readyz` | a configuration is loaded and the store answers (503 otherwise; with Redis, Redis itself is asked) |
+//! | `GET /readyz` | a configuration is loaded and the server is not draining (503 otherwise); the store's health is a field (with Redis, Redis itself is asked), and counts only with `--ready-requires-store` |
 //! | `GET /metrics` | Prometheus / OpenMetrics text |
 //! | `GET /v1/config` | the active rules and configuration version |
 //!
@@ -110,19 +110,27 @@ async fn json(State(service): State<Arc<Service>>, body: Bytes) -> Response {
     }
 }
 
-/// `GET /readyz`.
+/// `GET /readyz`: ready while a configuration is loaded and the server is not draining. The
+/// store's health is reported beside it, and counts only in strict mode
+/// (`--ready-requires-store`): a store outage is what each rule's `fail` mode is for, and must
+/// not take every instance out of a load balancer at once.
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
     let version = service.active().version;
     let store = service.store_reachable(READY_TIMEOUT).await;
     let backend = service.backend();
+    let draining = service.is_draining();
+    let strict = service.readiness_requires_store();
+    let ready = !draining && (store || !strict);
     let body = serde_json::json!({
-        "ready": store,
+        "ready": ready,
+        "draining": draining,
         "config_version": version,
         "store": if store { "ok" } else { "unreachable" },
         "store_kind": backend.kind(),
+        "store_required": strict,
         "breaker_open": backend.fallback_stats().is_some_and(|s| s.breaker_open),
     });
-    let status = if store {
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
