@@ -13,6 +13,9 @@
 //! and divides the difference by 10 × N: the cost of a check on an existing key, with the
 //! inserts and the set-up taken out. `MODE=keyed`: `KeyedRateLimiter<u64>::try_acquire_key`;
 //! `MODE=store`: `MemoryStore::try_acquire_now` on `"user:<n>"` keys; `N` keys, `R` rounds.
+//!
+//! With `T=1`, `T=2`, …, it instead runs the checks on that many threads and prints the
+//! throughput and the CPU time per check (see `threads`).
 
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
@@ -64,6 +67,51 @@ fn measure(
     println!("insert {insert:.1} ns, check {check:.1} ns, {}", stats());
 }
 
+/// Nanoseconds this thread has spent on a CPU (`/proc/thread-self/schedstat`, Linux).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `T` threads each run `rounds` passes of `check` over the `n` keys, each from its own
+/// offset (as the criterion benches do); prints the wall-clock throughput and the CPU time
+/// per check. On a machine shared with other work the wall clock says little, but the CPU
+/// time per check still shows what contention costs: it grows when the threads take each
+/// other's cache lines while they run at the same time.
+fn threads(t: usize, n: usize, rounds: usize, check: &(dyn Fn(usize) -> bool + Sync)) {
+    let start = Instant::now();
+    let cpu: u64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..t)
+            .map(|i| {
+                scope.spawn(move || {
+                    let cpu = thread_cpu_ns();
+                    let mut k = i * n / t;
+                    let mut ok = 0usize;
+                    for _ in 0..rounds * n / t {
+                        ok += usize::from(check(k));
+                        k += 1;
+                        if k == n {
+                            k = 0;
+                        }
+                    }
+                    assert_eq!(ok, rounds * n / t);
+                    thread_cpu_ns() - cpu
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let checks = (rounds * n / t * t) as f64;
+    println!(
+        "{t} thread(s): {:.2} M checks/s wall, {:.1} ns CPU per check",
+        checks / wall / 1e6,
+        cpu as f64 / checks
+    );
+}
+
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).map_or(default, |v| v.parse().unwrap())
 }
@@ -76,6 +124,27 @@ fn main() {
         .collect();
     let quota = Quota::per_second(1000).unwrap();
     let clock = ManualClock::new(1 << 60);
+    let t = env("T", 0) as usize;
+    if t > 0 {
+        // `T=1`, `T=2`, …: the thread mode (see `threads`), after one round of inserts.
+        let n = n as usize;
+        if std::env::var("MODE").is_ok_and(|m| m == "store") {
+            let keys: Vec<String> = keys.iter().map(|k| format!("user:{}", k >> 24)).collect();
+            let store = MemoryStore::builder().clock(clock).build();
+            store_checks(&store, &quota, &keys, 1);
+            assert_eq!(store.stats().keys, n);
+            threads(t, n, rounds, &|i| {
+                let decision = store.try_acquire_now(&keys[i], &quota, 1);
+                decision.unwrap().unwrap().allowed
+            });
+        } else {
+            let limiter = KeyedRateLimiter::<u64>::builder(quota).clock(clock).build();
+            checks(&limiter, &keys, 1);
+            assert_eq!(limiter.len(), n);
+            threads(t, n, rounds, &|i| limiter.try_acquire_key(&keys[i]).is_ok());
+        }
+        return;
+    }
     if std::env::var("MODE").is_ok_and(|m| m == "store") {
         let keys: Vec<String> = keys.iter().map(|k| format!("user:{}", k >> 24)).collect();
         let store = MemoryStore::builder().clock(clock).build();
