@@ -134,6 +134,8 @@ fn keyed(c: &mut Criterion) {
             let _ = fg.check_key(&k);
             let _ = gov.check_key(&k);
         }
+        // Every key must still be held, or the benches would time inserts.
+        assert_eq!(fg.len() as u64, n, "{:?}", fg.stats());
         for threads in [1usize, 2] {
             group.bench_function(
                 BenchmarkId::new("flowgate", format!("{threads}-thread")),

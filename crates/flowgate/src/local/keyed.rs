@@ -31,8 +31,9 @@ enum AnyMap<K> {
 
 /// A rate limiter with a separate allowance per key: per client IP, API key, user, route.
 ///
-/// A check on a key already seen takes a shard's read lock, updates the key's state with one
-/// compare-and-swap and allocates nothing; threads working on different keys never contend.
+/// A check on a key already seen takes its own thread's reader lock of a shard, updates the
+/// key's state with one compare-and-swap and allocates nothing; the key's state is the only
+/// memory it writes that other threads use, so checks on different keys scale with cores.
 /// Memory is bounded by [`max_keys`](KeyedRateLimiterBuilder::max_keys): a flood of new keys
 /// pushes out keys whose allowance has fully recovered first (forgetting those changes no
 /// decision), and only when more keys than that are active at once, the active key closest to
