@@ -22,17 +22,17 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use flowgate::KeyedRateLimiter;
 use flowgate::Quota;
 use flowgate::clock::ManualClock;
-use flowgate::local::KeyedRateLimiter;
-use flowgate::store::{MemoryStore, Store};
+use flowgate::store::{Ask, MemoryStore, Store};
 
 #[inline(never)]
 fn checks(l: &KeyedRateLimiter<u64, ManualClock>, keys: &[u64], rounds: usize) -> usize {
     let mut ok = 0;
     for _ in 0..rounds {
         for &k in keys {
-            ok += usize::from(black_box(l.try_acquire_key(&k).is_ok()));
+            ok += usize::from(black_box(l.try_check_key(&k).is_ok()));
         }
     }
     ok
@@ -43,7 +43,7 @@ fn store_checks(s: &MemoryStore<ManualClock>, q: &Quota, keys: &[String], rounds
     let mut ok = 0;
     for _ in 0..rounds {
         for k in keys {
-            let allowed = s.try_acquire_now(k, q, 1).unwrap().unwrap().allowed;
+            let allowed = s.check_now(Ask::new(k, q)).unwrap().unwrap().allowed;
             ok += usize::from(black_box(allowed));
         }
     }
@@ -122,7 +122,7 @@ fn main() {
     let keys: Vec<u64> = (0..n)
         .map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         .collect();
-    let quota = Quota::per_second(1000).unwrap();
+    let quota = Quota::per_second(1000);
     let clock = ManualClock::new(1 << 60);
     let t = env("T", 0) as usize;
     if t > 0 {
@@ -134,14 +134,14 @@ fn main() {
             store_checks(&store, &quota, &keys, 1);
             assert_eq!(store.stats().keys, n);
             threads(t, n, rounds, &|i| {
-                let decision = store.try_acquire_now(&keys[i], &quota, 1);
+                let decision = store.check_now(Ask::new(&keys[i], &quota));
                 decision.unwrap().unwrap().allowed
             });
         } else {
             let limiter = KeyedRateLimiter::<u64>::builder(quota).clock(clock).build();
             checks(&limiter, &keys, 1);
             assert_eq!(limiter.len(), n);
-            threads(t, n, rounds, &|i| limiter.try_acquire_key(&keys[i]).is_ok());
+            threads(t, n, rounds, &|i| limiter.try_check_key(&keys[i]).is_ok());
         }
         return;
     }

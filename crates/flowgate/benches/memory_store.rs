@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use flowgate::Quota;
-use flowgate::store::{MemoryStore, Store};
+use flowgate::store::{Ask, MemoryStore, Store};
 
 /// `n` keys in a random order (xorshift-shuffled, fixed seed).
 fn shuffled_keys(n: u64) -> Arc<Vec<String>> {
@@ -70,12 +70,12 @@ fn memory_store(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(8));
     let keys = shuffled_keys(n);
     let store = MemoryStore::new();
-    let quota = Quota::per_second(1000).unwrap();
+    let quota = Quota::per_second(1000);
     // Insert every key first, so the bench measures checks on existing keys.
     for key in keys.iter() {
         assert!(
             store
-                .try_acquire_now(key, &quota, 1)
+                .check_now(Ask::new(key, &quota))
                 .unwrap()
                 .unwrap()
                 .allowed
@@ -90,7 +90,7 @@ fn memory_store(c: &mut Criterion) {
             |b| {
                 b.iter_custom(|iters| {
                     timed_checks(threads, iters, &keys, &|k| {
-                        black_box(store.try_acquire_now(k, &quota, 1).unwrap().is_ok());
+                        black_box(store.check_now(Ask::new(k, &quota)).unwrap().is_ok());
                     })
                 })
             },
