@@ -89,6 +89,34 @@ impl Refusal {
     }
 }
 
+#[cfg(feature = "tower")]
+impl Refusal {
+    /// The client-visible answer, through the one renderer
+    /// ([`Answer`](crate::http::answer::Answer)): for the rate of new connections, the
+    /// `RateLimit-Policy` / `RateLimit` fields of its decision under `name` and `policy_item`
+    /// (e.g. [`policy_item_value`](crate::http::headers::policy_item_value) of the
+    /// `connections_per_ip` quota); for the caps and the penalty box, which have no counts to
+    /// show, `Retry-After` alone. Either way a 429 ([`Answer::refusal`](crate::http::answer::Answer::refusal)).
+    pub fn answer(&self, name: &str, policy_item: &http::HeaderValue) -> crate::http::answer::Answer {
+        use crate::http::answer::{Answer, LimitReport};
+        match &self.decision {
+            Some(decision) => {
+                let result = Ok(*decision);
+                Answer::new(
+                    [LimitReport {
+                        name,
+                        policy_item,
+                        enforced: true,
+                        result: &result,
+                    }],
+                    false,
+                )
+            }
+            None => Answer::limited_without_counts(self.scope.name(), self.retry_after_secs()),
+        }
+    }
+}
+
 /// Connections open now, per IP and per user: bounded by the connections themselves (an entry
 /// exists only while its count is above zero).
 #[derive(Debug, Default)]
