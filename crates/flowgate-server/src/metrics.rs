@@ -596,6 +596,26 @@ impl Collector for WsCollector {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
+        let mut family = encoder.encode_descriptor(
+            "ws_tracked",
+            "What the WebSocket limiters hold now: sessions, and IPs and users with open connections (all 0 when no connection is open)",
+            None,
+            MetricType::Gauge,
+        )?;
+        let (sessions, ips, users) = totals.tracked;
+        for (what, n) in [("sessions", sessions), ("ips", ips), ("users", users)] {
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("what", what)])?)?;
+        }
+        let gauges = [(
+            "ws_relays",
+            "WebSocket connections being relayed now",
+            totals.relays,
+        )];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
         let counters = [
             (
                 "ws_connections_opened",

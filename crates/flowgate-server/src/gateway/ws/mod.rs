@@ -105,6 +105,8 @@ pub struct WsTotals {
     pub upstream_failures: [u64; 3],
     /// Connections relayed now.
     pub relays: u64,
+    /// `(sessions, IPs, users)` the limiters hold now ([`WsGateway::live`]).
+    pub tracked: (usize, usize, usize),
 }
 
 /// The WebSocket gateway's state, shared by every connection.
@@ -289,6 +291,7 @@ impl WsGateway {
             get(&self.failures.timeout),
         ];
         totals.relays = get(&self.relays);
+        totals.tracked = self.live();
         totals
     }
 

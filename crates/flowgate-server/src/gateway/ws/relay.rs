@@ -79,7 +79,7 @@ impl Queue {
                 Poll::Pending => return Ok(()),
             }
             if let Some(message) = self.items.pop_front() {
-                self.bytes -= message.len();
+                self.bytes = self.bytes.saturating_sub(message.len());
                 socket.as_mut().start_send(message)?;
                 self.dirty = true;
             }
@@ -443,7 +443,7 @@ async fn finish(relay: Relay, ending: Ending) {
         .enumerate()
     {
         match end {
-            End::Send(f) => queue.items.push_back(Message::Close(Some(f))),
+            End::Send(f) => queue.push(Message::Close(Some(f))),
             End::Answer => {
                 // Nothing else is sent to a side that closed; its close is answered.
                 *queue = Queue {

@@ -186,9 +186,8 @@ pub(super) async fn handle(
             outbound,
         )
         .await;
-        gateway.relays.fetch_add(1, Ordering::Relaxed);
+        let _counted = Counted::new(&gateway.relays);
         relay::run(relay, &gateway, &runtime).await;
-        gateway.relays.fetch_sub(1, Ordering::Relaxed);
     });
     response
 }
@@ -305,4 +304,20 @@ async fn connect_upstream(
         .await
         .map_err(|e| Failure::Connect(e.to_string()))?;
     Ok(UpstreamSocket { io, protocol })
+}
+
+/// Counts one relay while it lives (a panic included).
+struct Counted<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> Counted<'a> {
+    fn new(counter: &'a std::sync::atomic::AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Counted(counter)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
