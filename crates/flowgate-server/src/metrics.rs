@@ -40,11 +40,11 @@ use flowgate::envoy::{AppliedLimit, DescriptorVerdict, Status};
 use flowgate::store::{FallbackStats, StoreError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::gateway::ws::WsTotals;
@@ -578,7 +578,12 @@ impl Collector for WsCollector {
             let count = stats.size_buckets.iter().sum();
             family
                 .encode_family(&[("direction", *direction)])?
-                .encode_histogram::<Vec<(String, String)>>(stats.size_sum as f64, count, &buckets, None)?;
+                .encode_histogram::<Vec<(String, String)>>(
+                    stats.size_sum as f64,
+                    count,
+                    &buckets,
+                    None,
+                )?;
         }
         let gauges = [
             (
@@ -630,7 +635,12 @@ impl Collector for WsCollector {
         ];
         for (name, help, value) in counters {
             let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
         }
         let mut family = encoder.encode_descriptor(
             "ws_slow_reader",

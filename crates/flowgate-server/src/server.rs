@@ -146,7 +146,11 @@ pub async fn run(
     }
     if let Some(listener) = listeners.websocket {
         let gateway = WsGateway::new(service.clone());
-        tasks.spawn(ws_gateway::serve(listener, gateway, signal(stopped.clone())));
+        tasks.spawn(ws_gateway::serve(
+            listener,
+            gateway,
+            signal(stopped.clone()),
+        ));
     }
     drop(stopped);
 

@@ -62,8 +62,7 @@ fn metric_in(text: &str, series: &str) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flooding_client_gets_error_frames_then_the_close_code_and_its_room_mate_is_unaffected()
-{
+async fn a_flooding_client_gets_error_frames_then_the_close_code_and_its_room_mate_is_unaffected() {
     let upstream = EchoUpstream::start().await;
     let (server, addr) = start(
         &upstream,
@@ -96,11 +95,17 @@ async fn a_flooding_client_gets_error_frames_then_the_close_code_and_its_room_ma
         send(&mut calm, &format!("c{i}")).await;
         assert_eq!(next(&mut calm).await, Got::Text(format!("c{i}")));
     }
-    assert_eq!(upstream.received.load(std::sync::atomic::Ordering::SeqCst), 10);
+    assert_eq!(
+        upstream.received.load(std::sync::atomic::Ordering::SeqCst),
+        10
+    );
     drop(calm);
     wait_released(&server).await;
     let text = server.get("/metrics").await.body;
-    assert_eq!(metric_in(&text, "flowgate_ws_closes_total{code=\"4008\"}"), 1.0);
+    assert_eq!(
+        metric_in(&text, "flowgate_ws_closes_total{code=\"4008\"}"),
+        1.0
+    );
     assert_eq!(
         metric_in(
             &text,
@@ -156,7 +161,9 @@ async fn slowmode_spaces_one_users_messages_and_a_moderator_is_exempt() {
     send(&mut ann, "two").await;
     let got = next(&mut ann).await;
     assert!(is_error_frame(&got, "slowmode"), "{got:?}");
-    let Got::Text(frame) = got else { unreachable!() };
+    let Got::Text(frame) = got else {
+        unreachable!()
+    };
     let retry: u64 = serde_json::from_str::<serde_json::Value>(&frame).unwrap()["retry_after_ms"]
         .as_u64()
         .unwrap();
@@ -165,7 +172,12 @@ async fn slowmode_spaces_one_users_messages_and_a_moderator_is_exempt() {
     let mut ann2 = open(addr, "/?room=r2", &[("x-user", "ann")]).await;
     send(&mut ann2, "elsewhere").await;
     assert_eq!(next(&mut ann2).await, Got::Text("elsewhere".into()));
-    let mut moderator = open(addr, "/?room=r1", &[("x-user", "mo"), ("x-role", "moderator")]).await;
+    let mut moderator = open(
+        addr,
+        "/?room=r1",
+        &[("x-user", "mo"), ("x-role", "moderator")],
+    )
+    .await;
     for i in 0..3 {
         send(&mut moderator, &format!("mod{i}")).await;
         assert_eq!(next(&mut moderator).await, Got::Text(format!("mod{i}")));
@@ -185,11 +197,19 @@ async fn excess_upgrades_from_one_ip_get_429_with_retry_after_and_the_concurrent
     for _ in 0..5 {
         held.push(open(addr, "/", &[]).await);
     }
-    let (status, headers) = connect(addr, "/", &[]).await.err().expect("refused");
+    let Err((status, headers)) = connect(addr, "/", &[]).await else {
+        panic!("the sixth connection was admitted");
+    };
     assert_eq!(status, 429);
     assert_eq!(headers["retry-after"], "1");
-    assert!(headers.get("ratelimit").is_none(), "a cap has no counts to show");
-    assert_eq!(upstream.received.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(
+        headers.get("ratelimit").is_none(),
+        "a cap has no counts to show"
+    );
+    assert_eq!(
+        upstream.received.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
     drop(held);
     wait_released(&server).await;
     // 30 attempts within a second: the rate allows 10 in all (5 were used).
@@ -216,11 +236,17 @@ async fn excess_upgrades_from_one_ip_get_429_with_retry_after_and_the_concurrent
     assert_eq!(refused, 20);
     let text = server.get("/metrics").await.body;
     assert_eq!(
-        metric_in(&text, "flowgate_ws_refused_upgrades_total{scope=\"connect\"}"),
+        metric_in(
+            &text,
+            "flowgate_ws_refused_upgrades_total{scope=\"connect\"}"
+        ),
         20.0
     );
     assert_eq!(
-        metric_in(&text, "flowgate_ws_refused_upgrades_total{scope=\"concurrent_ip\"}"),
+        metric_in(
+            &text,
+            "flowgate_ws_refused_upgrades_total{scope=\"concurrent_ip\"}"
+        ),
         1.0
     );
 }
@@ -265,14 +291,19 @@ async fn an_oversized_message_gets_a_1009_close_frame() {
     send(&mut ws, &"x".repeat(100)).await;
     assert_eq!(next(&mut ws).await, Got::Text("x".repeat(100)));
     send(&mut ws, &"x".repeat(101)).await;
-    assert_eq!(next(&mut ws).await, Got::Close(1009, "message too big".into()));
+    assert_eq!(
+        next(&mut ws).await,
+        Got::Close(1009, "message too big".into())
+    );
     // Much larger: the WebSocket library's bound, the same close.
     let mut ws = open(addr, "/", &[]).await;
     send(&mut ws, &"y".repeat(100_000)).await;
     assert!(matches!(next(&mut ws).await, Got::Close(1009, _)));
     wait_released(&server).await;
     assert_eq!(
-        server.metric("flowgate_ws_closes_total{code=\"1009\"}").await,
+        server
+            .metric("flowgate_ws_closes_total{code=\"1009\"}")
+            .await,
         2.0
     );
 }
@@ -350,12 +381,22 @@ async fn a_reloaded_websocket_section_applies_without_restart_and_a_broken_one_i
     // A broken section: rejected with its position, the running one stays.
     std::fs::write(
         &path,
-        yaml(&upstream.url(), "limits:\n  messages: {limit: 1, per: 60 parsecs}"),
+        yaml(
+            &upstream.url(),
+            "limits:\n  messages: {limit: 1, per: 60 parsecs}",
+        ),
     )
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while server.metric("flowgate_config_reloads_total{result=\"failed\"}").await < 1.0 {
-        assert!(Instant::now() < deadline, "the broken file was never rejected");
+    while server
+        .metric("flowgate_config_reloads_total{result=\"failed\"}")
+        .await
+        < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the broken file was never rejected"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut still = open(addr, "/", &[]).await;
@@ -421,7 +462,7 @@ fn config_errors_name_file_line_column_and_field() {
     ];
     for (text, expected) in cases {
         std::fs::write(&path, text).unwrap();
-        let error = config::load(&[path.clone()]).unwrap_err().to_string();
+        let error = config::load(std::slice::from_ref(&path)).unwrap_err().to_string();
         assert!(
             error.starts_with(&path.display().to_string()) && error.contains(expected),
             "for\n{text}\nexpected …{expected}…\ngot {error}"
@@ -496,7 +537,10 @@ async fn every_disconnect_path_releases_the_connections_state() {
     // A protocol violation: a message too big.
     let mut ws = open(d.addr, "/", &user).await;
     send(&mut ws, &"z".repeat(65)).await;
-    assert_eq!(next(&mut ws).await, Got::Close(1009, "message too big".into()));
+    assert_eq!(
+        next(&mut ws).await,
+        Got::Close(1009, "message too big".into())
+    );
     d.released().await;
     // The idle timeout.
     let mut ws = open(d.addr, "/", &user).await;
@@ -565,8 +609,36 @@ async fn a_slow_reader_is_closed_with_1013_or_has_messages_dropped_and_memory_st
         binaries += 1;
     }
     let dropped = d.gateway.totals().slow[1][1];
-    assert!(dropped > 0 && binaries + dropped as usize == 1024, "{binaries} + {dropped}");
+    assert!(
+        dropped > 0 && binaries + dropped as usize == 1024,
+        "{binaries} + {dropped}"
+    );
     // The connection stays usable.
     send(&mut ws, "still here").await;
     assert_eq!(next(&mut ws).await, Got::Text("still here".into()));
+}
+
+#[test]
+fn the_documented_websocket_section_is_valid() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/service.md"
+    ))
+    .unwrap();
+    let section = doc.split("## WebSocket gateway").nth(1).unwrap();
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    // The example names its secret's variable; any variable that is set will do here.
+    let yaml = yaml.replace("JWT_SECRET", "PATH");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chat.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let policy = config::load(&[path]).unwrap_or_else(|e| panic!("{e}"));
+    let ws = policy.websocket.unwrap();
+    assert_eq!(ws.limits.close_code, Some(4008));
+    assert!(ws.outbound.is_some());
+    ws.limits.build().unwrap();
 }

@@ -39,7 +39,11 @@ async fn instance(upstream: &EchoUpstream, store: RedisStore) -> TestServer {
 
 /// Sends `per_socket` messages on each of `sockets` in turn; returns (forwarded, rejected by
 /// `scope`).
-async fn exchange(sockets: &mut [common::ws::Ws], per_socket: usize, scope: &str) -> (usize, usize) {
+async fn exchange(
+    sockets: &mut [common::ws::Ws],
+    per_socket: usize,
+    scope: &str,
+) -> (usize, usize) {
     let (mut forwarded, mut rejected) = (0, 0);
     for round in 0..per_socket {
         for ws in sockets.iter_mut() {
@@ -77,7 +81,9 @@ async fn one_limit_across_two_instances(a: &TestServer, b: &TestServer) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_one_redis_enforce_one_user_and_one_room_limit() {
-    let Some(redis) = RedisServer::start("two_gateways_sharing_one_redis_enforce_one_user_and_one_room_limit") else {
+    let Some(redis) =
+        RedisServer::start("two_gateways_sharing_one_redis_enforce_one_user_and_one_room_limit")
+    else {
         return;
     };
     let upstream = EchoUpstream::start().await;
@@ -95,9 +101,11 @@ async fn two_gateways_sharing_one_redis_enforce_one_user_and_one_room_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_a_redis_cluster_enforce_one_user_and_one_room_limit() {
-    let Some(cluster) =
-        RedisCluster::start("two_gateways_on_a_redis_cluster_enforce_one_user_and_one_room_limit", 3, 0)
-    else {
+    let Some(cluster) = RedisCluster::start(
+        "two_gateways_on_a_redis_cluster_enforce_one_user_and_one_room_limit",
+        3,
+        0,
+    ) else {
         return;
     };
     let upstream = EchoUpstream::start().await;

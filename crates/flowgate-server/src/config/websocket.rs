@@ -147,7 +147,9 @@ impl WsUpstream {
         match uri.scheme_str() {
             Some("ws") => {}
             Some("wss") => {
-                return Err("only ws:// upstreams are supported (TLS to the upstream is not implemented)");
+                return Err(
+                    "only ws:// upstreams are supported (TLS to the upstream is not implemented)",
+                );
             }
             Some(_) => return Err("only ws:// upstreams are supported"),
             None => return Err("give the scheme: ws://host:port"),
@@ -329,7 +331,9 @@ impl WsLimits {
             b = b.close_code(
                 self.close_code
                     .unwrap_or(flowgate::ws::close_code::POLICY_VIOLATION),
-                self.close_reason.as_deref().unwrap_or("rate limit exceeded"),
+                self.close_reason
+                    .as_deref()
+                    .unwrap_or("rate limit exceeded"),
             );
         }
         if let Some(template) = &self.error_frame {

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::WebSocketStream;
 
 /// How long any single step may take before the test fails (never a timing assumption).
 pub const STEP: Duration = Duration::from_secs(10);
@@ -53,7 +53,8 @@ impl EchoUpstream {
                                         (n.parse().unwrap(), size.parse().unwrap());
                                     let payload = bytes::Bytes::from(vec![7u8; size]);
                                     for _ in 0..n {
-                                        if ws.feed(Message::Binary(payload.clone())).await.is_err() {
+                                        if ws.feed(Message::Binary(payload.clone())).await.is_err()
+                                        {
                                             return;
                                         }
                                     }
@@ -104,12 +105,9 @@ pub async fn connect(
         );
     }
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let connected = tokio::time::timeout(
-        STEP,
-        tokio_tungstenite::client_async(request, tcp),
-    )
-    .await
-    .expect("the handshake ends within the step");
+    let connected = tokio::time::timeout(STEP, tokio_tungstenite::client_async(request, tcp))
+        .await
+        .expect("the handshake ends within the step");
     match connected {
         Ok((ws, _)) => Ok(ws),
         Err(WsError::Http(response)) => {
@@ -146,8 +144,12 @@ pub async fn next(ws: &mut Ws) -> Got {
         return match read {
             Some(Ok(Message::Text(t))) => Got::Text(t.to_string()),
             Some(Ok(Message::Binary(b))) => Got::Binary(b.len()),
-            Some(Ok(Message::Close(Some(f)))) => Got::Close(u16::from(f.code), f.reason.to_string()),
-            Some(Ok(Message::Close(None))) => Got::Close(u16::from(CloseCode::Status), String::new()),
+            Some(Ok(Message::Close(Some(f)))) => {
+                Got::Close(u16::from(f.code), f.reason.to_string())
+            }
+            Some(Ok(Message::Close(None))) => {
+                Got::Close(u16::from(CloseCode::Status), String::new())
+            }
             Some(Ok(_)) => continue,
             Some(Err(_)) | None => Got::End,
         };

@@ -97,7 +97,11 @@ impl Refusal {
     /// (e.g. [`policy_item_value`](crate::http::headers::policy_item_value) of the
     /// `connections_per_ip` quota); for the caps and the penalty box, which have no counts to
     /// show, `Retry-After` alone. Either way a 429 ([`Answer::refusal`](crate::http::answer::Answer::refusal)).
-    pub fn answer(&self, name: &str, policy_item: &http::HeaderValue) -> crate::http::answer::Answer {
+    pub fn answer(
+        &self,
+        name: &str,
+        policy_item: &http::HeaderValue,
+    ) -> crate::http::answer::Answer {
         use crate::http::answer::{Answer, LimitReport};
         match &self.decision {
             Some(decision) => {

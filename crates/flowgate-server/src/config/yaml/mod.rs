@@ -20,8 +20,8 @@ use super::error::ConfigError;
 use super::gateway::GatewayConfig;
 use super::websocket::WebSocketConfig;
 use gateway::{GatewayYaml, convert_gateway};
-use websocket::{WebSocketYaml, convert_websocket};
 use rules::{DescriptorYaml, convert_all};
+use websocket::{WebSocketYaml, convert_websocket};
 
 /// One configuration file: one domain.
 #[derive(Debug, Deserialize)]

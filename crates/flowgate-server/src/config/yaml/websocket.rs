@@ -248,10 +248,11 @@ impl Errors<'_> {
 
     fn quota(&mut self, q: &Spanned<QuotaYaml>, field: &str) -> Option<Quota> {
         let period = self.duration(&q.value.per, &format!("{field}.per"))?;
-        let built = Quota::new(q.value.limit.value, period).and_then(|quota| match &q.value.burst {
-            Some(b) => quota.with_burst(b.value),
-            None => Ok(quota),
-        });
+        let built =
+            Quota::new(q.value.limit.value, period).and_then(|quota| match &q.value.burst {
+                Some(b) => quota.with_burst(b.value),
+                None => Ok(quota),
+            });
         match built {
             Ok(quota) => Some(quota),
             Err(e) => {
@@ -569,7 +570,11 @@ fn convert_limits(e: &mut Errors<'_>, l: &Spanned<LimitsYaml>, field: &str) -> O
         .and_then(|v| e.at_least_one(v, &f("concurrent_per_user")));
     limits.max_connections = y.max_connections.as_ref().and_then(|v| {
         if v.value == 0 {
-            e.push(pos(&v.referenced), &f("max_connections"), "must be at least 1");
+            e.push(
+                pos(&v.referenced),
+                &f("max_connections"),
+                "must be at least 1",
+            );
             return None;
         }
         Some(v.value)
@@ -632,15 +637,16 @@ fn convert_limits(e: &mut Errors<'_>, l: &Spanned<LimitsYaml>, field: &str) -> O
         }
         Some(r.value.clone())
     });
-    limits.error_frame = y.error_frame.as_ref().and_then(|t| {
-        match flowgate::ws::ErrorFrame::template(&t.value) {
-            Ok(_) => Some(t.value.clone()),
-            Err(err) => {
-                e.push(pos(&t.referenced), &f("error_frame"), err.to_string());
-                None
-            }
-        }
-    });
+    limits.error_frame =
+        y.error_frame
+            .as_ref()
+            .and_then(|t| match flowgate::ws::ErrorFrame::template(&t.value) {
+                Ok(_) => Some(t.value.clone()),
+                Err(err) => {
+                    e.push(pos(&t.referenced), &f("error_frame"), err.to_string());
+                    None
+                }
+            });
     limits.penalty_box = y.penalty_box.as_ref().and_then(|p| {
         let mut config = PenaltyConfig::default();
         let y = &p.value;
@@ -689,11 +695,26 @@ fn convert_limits(e: &mut Errors<'_>, l: &Spanned<LimitsYaml>, field: &str) -> O
     limits.key_prefix = y.key_prefix.clone();
     if field == "outbound" {
         let upgrade_layers = [
-            ("connections_per_ip", y.connections_per_ip.as_ref().map(|v| pos(&v.referenced))),
-            ("concurrent_per_ip", y.concurrent_per_ip.as_ref().map(|v| pos(&v.referenced))),
-            ("concurrent_per_user", y.concurrent_per_user.as_ref().map(|v| pos(&v.referenced))),
-            ("max_connections", y.max_connections.as_ref().map(|v| pos(&v.referenced))),
-            ("penalty_box", y.penalty_box.as_ref().map(|v| pos(&v.referenced))),
+            (
+                "connections_per_ip",
+                y.connections_per_ip.as_ref().map(|v| pos(&v.referenced)),
+            ),
+            (
+                "concurrent_per_ip",
+                y.concurrent_per_ip.as_ref().map(|v| pos(&v.referenced)),
+            ),
+            (
+                "concurrent_per_user",
+                y.concurrent_per_user.as_ref().map(|v| pos(&v.referenced)),
+            ),
+            (
+                "max_connections",
+                y.max_connections.as_ref().map(|v| pos(&v.referenced)),
+            ),
+            (
+                "penalty_box",
+                y.penalty_box.as_ref().map(|v| pos(&v.referenced)),
+            ),
         ];
         for (name, at) in upgrade_layers {
             if let Some(at) = at {

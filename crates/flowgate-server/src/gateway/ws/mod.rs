@@ -188,7 +188,9 @@ impl WsGateway {
             }
             return None;
         };
-        let same_in = old.as_ref().is_some_and(|o| o.config.limits == config.limits);
+        let same_in = old
+            .as_ref()
+            .is_some_and(|o| o.config.limits == config.limits);
         let same_out = old
             .as_ref()
             .is_some_and(|o| o.config.outbound == config.outbound);
@@ -316,7 +318,11 @@ impl WsGateway {
     }
 
     /// Answers one HTTP request on the WebSocket listener.
-    async fn handle(self: &Arc<Self>, peer: SocketAddr, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn handle(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        request: Request<Incoming>,
+    ) -> Response<Full<Bytes>> {
         upgrade::handle(self, peer, request).await
     }
 

@@ -33,7 +33,9 @@ type Body = Full<Bytes>;
 
 /// A problem response.
 fn problem(status: StatusCode, detail: impl Into<String>) -> Response<Body> {
-    Problem::status(status, detail).into_response().map(Full::new)
+    Problem::status(status, detail)
+        .into_response()
+        .map(Full::new)
 }
 
 /// Whether the comma-separated header `name` has `token` (case-insensitive).
@@ -61,7 +63,8 @@ pub(super) async fn handle(
     };
     drop(active);
     let headers = request.headers();
-    let is_upgrade = has_token(headers, &UPGRADE, "websocket") && has_token(headers, &CONNECTION, "upgrade");
+    let is_upgrade =
+        has_token(headers, &UPGRADE, "websocket") && has_token(headers, &CONNECTION, "upgrade");
     if !is_upgrade {
         let mut response = problem(
             StatusCode::UPGRADE_REQUIRED,
@@ -130,7 +133,9 @@ pub(super) async fn handle(
 
     // The upstream first: the client is answered `101` only once the upstream has upgraded.
     let timeout = config.handshake_timeout;
-    let upstream = match tokio::time::timeout(timeout, connect_upstream(&runtime, &parts, peer)).await {
+    let upstream = match tokio::time::timeout(timeout, connect_upstream(&runtime, &parts, peer))
+        .await
+    {
         Ok(Ok(upstream)) => upstream,
         Ok(Err(failure)) => {
             let (counter, status) = match failure {
@@ -139,7 +144,10 @@ pub(super) async fn handle(
             };
             counter.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(upstream = %config.upstream, "websocket upgrade to the upstream failed: {failure}");
-            return problem(status, format!("the upstream {}: {failure}", config.upstream));
+            return problem(
+                status,
+                format!("the upstream {}: {failure}", config.upstream),
+            );
         }
         Err(_) => {
             gateway.failures.timeout.fetch_add(1, Ordering::Relaxed);
@@ -165,7 +173,9 @@ pub(super) async fn handle(
         .body(Full::new(Bytes::new()))
         .unwrap_or_default();
     if let Some(protocol) = upstream.protocol {
-        response.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, protocol);
+        response
+            .headers_mut()
+            .insert(SEC_WEBSOCKET_PROTOCOL, protocol);
     }
     let gateway = gateway.clone();
     tokio::spawn(async move {
@@ -178,16 +188,17 @@ pub(super) async fn handle(
             }
             Err(_) => return,
         };
-        let relay = Relay::new(
+        // Boxed, so that this task's own state is only what waits for the client's upgrade.
+        let relay = Box::pin(Relay::new(
             &runtime,
             client_io,
             upstream.io,
             session,
             outbound,
-        )
+        ))
         .await;
         let _counted = Counted::new(&gateway.relays);
-        relay::run(relay, &gateway, &runtime).await;
+        Box::pin(relay::run(relay, &gateway, &runtime)).await;
     });
     response
 }
@@ -266,7 +277,11 @@ async fn connect_upstream(
     });
     let mut headers = parts.headers.clone();
     forward::remove_hop_by_hop(&mut headers);
-    for name in [SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_VERSION] {
+    for name in [
+        SEC_WEBSOCKET_KEY,
+        SEC_WEBSOCKET_EXTENSIONS,
+        SEC_WEBSOCKET_VERSION,
+    ] {
         headers.remove(name);
     }
     forward::add_forwarding(&mut headers, peer.ip());
@@ -293,7 +308,10 @@ async fn connect_upstream(
         .await
         .map_err(|e| Failure::Connect(e.to_string()))?;
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return Err(Failure::Refused(format!("it answered {}", response.status())));
+        return Err(Failure::Refused(format!(
+            "it answered {}",
+            response.status()
+        )));
     }
     let accept = response.headers().get(SEC_WEBSOCKET_ACCEPT);
     if accept.is_none_or(|a| a.as_bytes() != derive_accept_key(key.as_bytes()).as_bytes()) {
