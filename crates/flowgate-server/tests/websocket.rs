@@ -66,7 +66,7 @@ async fn a_flooding_client_gets_error_frames_then_the_close_code_and_its_room_ma
     let upstream = EchoUpstream::start().await;
     let (server, addr) = start(
         &upstream,
-        "user: {source: header, name: x-user}\nroom: {source: query, name: room}\nlimits:\n  messages: {limit: 5, per: 10s}\n  close_after: {violations: 10, within: 60s}\n  close_code: 4008\n  close_reason: slow down",
+        "user: {source: header, name: x-user}\nroom: {source: query, name: room}\nlimits:\n  messages: {limit: 5, per: 1h}\n  close_after: {violations: 10, within: 1h}\n  close_code: 4008\n  close_reason: slow down",
     )
     .await;
     let mut flooder = open(addr, "/chat?room=lobby", &[("x-user", "flood")]).await;
@@ -77,7 +77,7 @@ async fn a_flooding_client_gets_error_frames_then_the_close_code_and_its_room_ma
         send(&mut flooder, &format!("m{i}")).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(started.elapsed() < Duration::from_secs(5));
     let (mut echoes, mut errors) = (0, 0);
     let close = loop {
         match next(&mut flooder).await {
@@ -120,7 +120,7 @@ async fn two_hundred_clients_within_their_own_limits_trip_the_room_limit() {
     let upstream = EchoUpstream::start().await;
     let (server, addr) = start(
         &upstream,
-        "room: {source: path}\nlimits:\n  messages: {limit: 5, per: 1s}\n  room_messages: {limit: 100, per: 60s}",
+        "room: {source: path}\nlimits:\n  messages: {limit: 5, per: 1s}\n  room_messages: {limit: 100, per: 1h}",
     )
     .await;
     let mut clients = Vec::new();
@@ -189,7 +189,7 @@ async fn excess_upgrades_from_one_ip_get_429_with_retry_after_and_the_concurrent
     let upstream = EchoUpstream::start().await;
     let (server, addr) = start(
         &upstream,
-        "limits:\n  connections_per_ip: {limit: 10, per: 60s}\n  concurrent_per_ip: 5",
+        "limits:\n  connections_per_ip: {limit: 10, per: 1h}\n  concurrent_per_ip: 5",
     )
     .await;
     // Five held open; the sixth is over the concurrent cap.
@@ -212,8 +212,7 @@ async fn excess_upgrades_from_one_ip_get_429_with_retry_after_and_the_concurrent
     );
     drop(held);
     wait_released(&server).await;
-    // 30 attempts within a second: the rate allows 10 in all (5 were used).
-    let started = Instant::now();
+    // 30 attempts in a burst: the rate allows 10 in all (5 were used).
     let (mut admitted, mut refused) = (5, 0);
     for _ in 0..25 {
         match connect(addr, "/", &[]).await {
@@ -224,14 +223,13 @@ async fn excess_upgrades_from_one_ip_get_429_with_retry_after_and_the_concurrent
             Err((status, headers)) => {
                 assert_eq!(status, 429);
                 let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
-                assert!((1..=6).contains(&retry), "{retry}");
-                assert_eq!(headers["ratelimit-policy"], r#""ws_connect";q=10;w=60"#);
+                assert!((1..=360).contains(&retry), "{retry}");
+                assert_eq!(headers["ratelimit-policy"], r#""ws_connect";q=10;w=3600"#);
                 assert!(headers["ratelimit"].to_str().unwrap().contains("r=0"));
                 refused += 1;
             }
         }
     }
-    assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(admitted, 10);
     assert_eq!(refused, 20);
     let text = server.get("/metrics").await.body;
@@ -256,7 +254,7 @@ async fn a_users_three_connections_share_one_budget() {
     let upstream = EchoUpstream::start().await;
     let (server, addr) = start(
         &upstream,
-        "user: {source: header, name: x-user}\nlimits:\n  user_messages: {limit: 10, per: 60s}",
+        "user: {source: header, name: x-user}\nlimits:\n  user_messages: {limit: 10, per: 1h}",
     )
     .await;
     let mut sockets = Vec::new();
@@ -313,7 +311,7 @@ async fn a_message_types_cost_is_charged_and_unsubscribe_is_never_rejected() {
     let upstream = EchoUpstream::start().await;
     let (_server, addr) = start(
         &upstream,
-        "classify: {type: /type}\nlimits:\n  messages: {limit: 10, per: 60s}\n  costs: {subscribe: 5}\n  release: [unsubscribe]",
+        "classify: {type: /type}\nlimits:\n  messages: {limit: 10, per: 1h}\n  costs: {subscribe: 5}\n  release: [unsubscribe]",
     )
     .await;
     let mut ws = open(addr, "/", &[]).await;
@@ -462,7 +460,9 @@ fn config_errors_name_file_line_column_and_field() {
     ];
     for (text, expected) in cases {
         std::fs::write(&path, text).unwrap();
-        let error = config::load(std::slice::from_ref(&path)).unwrap_err().to_string();
+        let error = config::load(std::slice::from_ref(&path))
+            .unwrap_err()
+            .to_string();
         assert!(
             error.starts_with(&path.display().to_string()) && error.contains(expected),
             "for\n{text}\nexpected …{expected}…\ngot {error}"

@@ -20,11 +20,11 @@ use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::server::ServerConfig;
 use redis_support::{RedisCluster, RedisServer};
 
-/// Per user 10 messages a minute; per room 25 a minute; users from `x-user`, rooms from the
+/// Per user 10 messages an hour; per room 25 an hour (no refill during the test); users from `x-user`, rooms from the
 /// `room` query parameter.
 fn yaml(upstream: &str) -> String {
     format!(
-        "domain: chat\nwebsocket:\n  upstream: {upstream}\n  user: {{source: header, name: x-user}}\n  room: {{source: query, name: room}}\n  limits:\n    user_messages: {{limit: 10, per: 60s}}\n    room_messages: {{limit: 25, per: 60s}}\n"
+        "domain: chat\nwebsocket:\n  upstream: {upstream}\n  user: {{source: header, name: x-user}}\n  room: {{source: query, name: room}}\n  limits:\n    user_messages: {{limit: 10, per: 1h}}\n    room_messages: {{limit: 25, per: 1h}}\n"
     )
 }
 
