@@ -546,6 +546,10 @@ async fn every_disconnect_path_releases_the_connections_state() {
     let mut ws = open(d.addr, "/", &user).await;
     assert_eq!(next(&mut ws).await, Got::Close(1001, "idle timeout".into()));
     d.released().await;
+    // Counted by code: the broken connection (1001 to the upstream), the 1009, the idle
+    // timeout; a close the client sent itself is passed on, not counted.
+    let closes = d.gateway.totals().inbound;
+    assert_eq!((closes.closes(1001), closes.closes(1009)), (2, 1));
     // Server shutdown: both sides get 1001, the gateway returns, nothing is held.
     let mut ws = open(d.addr, "/", &user).await;
     send(&mut ws, "y").await;

@@ -16,6 +16,7 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::time::{Instant, Sleep};
 use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig as Protocol};
@@ -295,23 +296,39 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
         let (side, read) = match event {
             Event::Read(side, read) => (side, read),
             Event::WriteFailed(Side::Client) => {
+                relay.session.closed_by_transport(1001);
                 break Ending {
                     to_client: End::Gone,
                     to_upstream: End::Send(frame(1001, "client went away")),
                 };
             }
             Event::WriteFailed(Side::Upstream) => {
+                relay
+                    .session
+                    .closed_by_transport(close_code::INTERNAL_ERROR);
                 break Ending {
                     to_client: End::Send(frame(close_code::INTERNAL_ERROR, "upstream failed")),
                     to_upstream: End::Gone,
                 };
             }
-            Event::Shutdown => break Ending::both(frame(1001, "server shutting down")),
-            Event::Idle => break Ending::both(frame(1001, "idle timeout")),
+            Event::Shutdown => {
+                relay.session.closed_by_transport(1001);
+                break Ending::both(frame(1001, "server shutting down"));
+            }
+            Event::Idle => {
+                relay.session.closed_by_transport(1001);
+                break Ending::both(frame(1001, "idle timeout"));
+            }
         };
         let message = match read {
             Some(Ok(message)) => message,
-            None | Some(Err(WsError::ConnectionClosed | WsError::AlreadyClosed)) => {
+            None
+            | Some(Err(
+                WsError::ConnectionClosed
+                | WsError::AlreadyClosed
+                | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake),
+            )) => {
+                relay.session.closed_by_transport(1001);
                 break gone(side, 1001, "peer went away");
             }
             Some(Err(error)) => {
@@ -320,6 +337,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     WsError::Utf8(_) => (1007, "invalid UTF-8"),
                     WsError::Protocol(_) => (1002, "protocol error"),
                     _ => {
+                        relay.session.closed_by_transport(1001);
                         break gone(side, 1001, "peer went away");
                     }
                 };
