@@ -646,3 +646,25 @@ fn the_documented_websocket_section_is_valid() {
     assert!(ws.outbound.is_some());
     ws.limits.build().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_with_pause_gets_everything_through_backpressure() {
+    let upstream = EchoUpstream::start().await;
+    let d = direct(
+        &upstream,
+        "buffer: {messages: 8, bytes: 1048576}\nslow_reader: pause",
+    )
+    .await;
+    let mut ws = open(d.addr, "/", &[]).await;
+    send(&mut ws, "flood:1024:65536").await;
+    // Read nothing for a while: the gateway stops reading the upstream instead of buffering.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..1024 {
+        assert_eq!(next(&mut ws).await, Got::Binary(65536));
+    }
+    let totals = d.gateway.totals();
+    assert!(totals.slow[1][0] >= 1, "reading paused: {:?}", totals.slow);
+    assert_eq!((totals.slow[1][1], totals.slow[1][2]), (0, 0));
+    send(&mut ws, "after").await;
+    assert_eq!(next(&mut ws).await, Got::Text("after".into()));
+}
