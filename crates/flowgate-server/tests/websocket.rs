@@ -668,3 +668,60 @@ async fn a_slow_reader_with_pause_gets_everything_through_backpressure() {
     send(&mut ws, "after").await;
     assert_eq!(next(&mut ws).await, Got::Text("after".into()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_limits_drop_what_the_upstream_sends_beyond_them() {
+    let upstream = EchoUpstream::start().await;
+    let (server, addr) = start(&upstream, "outbound:\n  messages: {limit: 3, per: 1h}").await;
+    let mut ws = open(addr, "/", &[]).await;
+    send(&mut ws, "flood:10:16").await;
+    for _ in 0..3 {
+        assert_eq!(next(&mut ws).await, Got::Binary(16));
+    }
+    // The other 7 were dropped (counted), and nothing else arrives.
+    let quiet = tokio::time::timeout(Duration::from_millis(300), next(&mut ws)).await;
+    assert!(quiet.is_err(), "{quiet:?}");
+    assert_eq!(
+        server
+            .metric(
+                "flowgate_ws_decisions_total{direction=\"outbound\",scope=\"connection\",outcome=\"rejected\"}"
+            )
+            .await,
+        7.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_closed_for_violations_is_refused_by_the_penalty_box() {
+    let upstream = EchoUpstream::start().await;
+    let (server, addr) = start(
+        &upstream,
+        "user: {source: header, name: x-user}\nlimits:\n  messages: {limit: 1, per: 1h}\n  close_after: {violations: 1, within: 1h}\n  penalty_box: {after_closes: 1, first: 1m}",
+    )
+    .await;
+    let user = [("x-user", "ann")];
+    let mut ws = open(addr, "/", &user).await;
+    for _ in 0..3 {
+        send(&mut ws, "x").await;
+    }
+    assert_eq!(next(&mut ws).await, Got::Text("x".into()));
+    assert!(is_error_frame(&next(&mut ws).await, "connection"));
+    assert!(matches!(next(&mut ws).await, Got::Close(1008, _)));
+    let Err((status, headers)) = connect(addr, "/", &user).await else {
+        panic!("a banned client was admitted");
+    };
+    assert_eq!(status, 429);
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((50..=60).contains(&retry), "{retry}");
+    // Another user is not banned.
+    drop(open(addr, "/", &[("x-user", "bob")]).await);
+    let text = server.get("/metrics").await.body;
+    assert_eq!(metric_in(&text, "flowgate_ws_penalty_bans_total"), 1.0);
+    assert_eq!(
+        metric_in(
+            &text,
+            "flowgate_ws_refused_upgrades_total{scope=\"penalty\"}"
+        ),
+        1.0
+    );
+}
