@@ -22,6 +22,17 @@
 //! unavailable, bad_gateway, gateway_timeout), `flowgate_gateway_upstream_connects_total`
 //! (connections opened to the upstream; with keep-alive working it stays far below the
 //! forwarded responses) and `flowgate_gateway_upstream_idle_connections`.
+//!
+//! The WebSocket gateway, read from its limiters at each scrape (summed over the running one
+//! and those a reload replaced while their connections live on):
+//! `flowgate_ws_decisions_total{direction,scope,outcome}` (per layer: allowed, rejected,
+//! dry_run, released), `flowgate_ws_refused_upgrades_total{scope}`,
+//! `flowgate_ws_closes_total{code}` (close frames the gateway sent, by code),
+//! `flowgate_ws_message_size_bytes{direction}` (a histogram), `flowgate_ws_connections`
+//! (open now), `flowgate_ws_connections_opened_total`, `flowgate_ws_penalty_bans_total`,
+//! `flowgate_ws_penalized_clients`, `flowgate_ws_slow_reader_total{direction,action}` (paused,
+//! dropped, closed) and `flowgate_ws_upstream_failures_total{reason}` (connect, refused,
+//! timeout). Every label has a fixed set of values (close codes: those the gateway sends).
 
 use flowgate::FailMode;
 use flowgate::envoy::Rule;
@@ -29,11 +40,14 @@ use flowgate::envoy::{AppliedLimit, DescriptorVerdict, Status};
 use flowgate::store::{FallbackStats, StoreError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::gateway::ws::WsTotals;
 
 /// The API a decision was asked through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +171,21 @@ pub struct Metrics {
     gateway: [Counter; 6],
     /// The gateway's connection pool.
     upstream: UpstreamMetrics,
+    /// Where the WebSocket gateway's counters are read from, once it runs.
+    websocket: WsSource,
+}
+
+/// Reads the WebSocket gateway's counters.
+#[derive(Clone, Default)]
+struct WsSource(std::sync::Arc<parking_lot::Mutex<Option<TotalsFn>>>);
+
+/// A function returning the WebSocket gateway's counters.
+type TotalsFn = Box<dyn Fn() -> WsTotals + Send + Sync>;
+
+impl std::fmt::Debug for WsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WsSource")
+    }
 }
 
 /// What the gateway's pool of upstream connections reports.
@@ -254,7 +283,10 @@ impl Metrics {
             "Keep-alive connections to the upstream idle in the gateway's pool",
             upstream.idle.clone(),
         );
+        let websocket = WsSource::default();
+        registry.register_collector(Box::new(WsCollector(websocket.clone())));
         Metrics {
+            websocket,
             registry,
             rules,
             store_errors,
@@ -402,6 +434,11 @@ impl Metrics {
             .register_collector(Box::new(FallbackCollector(Box::new(stats))));
     }
 
+    /// Exports the WebSocket gateway's counters, read by `totals` at each scrape.
+    pub fn watch_websocket(&self, totals: impl Fn() -> WsTotals + Send + Sync + 'static) {
+        *self.websocket.0.lock() = Some(Box::new(totals));
+    }
+
     /// The OpenMetrics text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -456,6 +493,179 @@ impl Collector for FallbackCollector {
             None,
             open.metric_type(),
         )?)?;
+        Ok(())
+    }
+}
+
+/// Reads the WebSocket gateway's [`WsTotals`] at each scrape.
+struct WsCollector(WsSource);
+
+impl std::fmt::Debug for WsCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WsCollector")
+    }
+}
+
+/// The direction label's values, by index.
+const DIRECTIONS: [&str; 2] = ["inbound", "outbound"];
+
+impl Collector for WsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let totals = match self.0.0.lock().as_ref() {
+            Some(read) => read(),
+            None => return Ok(()),
+        };
+        let sides = [&totals.inbound, &totals.outbound];
+        let mut family = encoder.encode_descriptor(
+            "ws_decisions",
+            "WebSocket message decisions, by direction, layer and outcome",
+            None,
+            MetricType::Counter,
+        )?;
+        for (direction, stats) in DIRECTIONS.iter().zip(sides) {
+            for (scope, outcome, n) in &stats.decisions {
+                let labels = [
+                    ("direction", *direction),
+                    ("scope", scope.name()),
+                    ("outcome", outcome.name()),
+                ];
+                ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "ws_refused_upgrades",
+            "WebSocket upgrades refused with 429, by the cap or rate that refused",
+            None,
+            MetricType::Counter,
+        )?;
+        for (scope, n) in &totals.inbound.refused {
+            ConstCounter::new(*n).encode(family.encode_family(&[("scope", scope.name())])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "ws_closes",
+            "Close frames the WebSocket gateway sent, by code",
+            None,
+            MetricType::Counter,
+        )?;
+        let mut closes: Vec<(u16, u64)> = totals.inbound.closes.clone();
+        for (code, n) in &totals.outbound.closes {
+            match closes.iter_mut().find(|(c, _)| c == code) {
+                Some((_, m)) => *m += n,
+                None => closes.push((*code, *n)),
+            }
+        }
+        closes.sort_unstable();
+        for (code, n) in closes {
+            let code = code.to_string();
+            ConstCounter::new(n).encode(family.encode_family(&[("code", code.as_str())])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "ws_message_size_bytes",
+            "Sizes of the WebSocket messages judged, by direction",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (direction, stats) in DIRECTIONS.iter().zip(sides) {
+            if stats.size_buckets.is_empty() {
+                continue;
+            }
+            let buckets: Vec<(f64, u64)> = flowgate::ws::SIZE_BUCKETS
+                .iter()
+                .map(|b| *b as f64)
+                .chain([f64::INFINITY])
+                .zip(stats.size_buckets.iter().copied())
+                .collect();
+            let count = stats.size_buckets.iter().sum();
+            family
+                .encode_family(&[("direction", *direction)])?
+                .encode_histogram::<Vec<(String, String)>>(
+                    stats.size_sum as f64,
+                    count,
+                    &buckets,
+                    None,
+                )?;
+        }
+        let gauges = [
+            (
+                "ws_connections",
+                "WebSocket connections open now (admitted, not yet closed)",
+                totals.inbound.live,
+            ),
+            (
+                "ws_penalized_clients",
+                "Clients the WebSocket penalty box remembers now",
+                totals.penalized,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "ws_tracked",
+            "What the WebSocket limiters hold now: sessions, and IPs and users with open connections (all 0 when no connection is open)",
+            None,
+            MetricType::Gauge,
+        )?;
+        let (sessions, ips, users) = totals.tracked;
+        for (what, n) in [("sessions", sessions), ("ips", ips), ("users", users)] {
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("what", what)])?)?;
+        }
+        let gauges = [(
+            "ws_relays",
+            "WebSocket connections being relayed now",
+            totals.relays,
+        )];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let counters = [
+            (
+                "ws_connections_opened",
+                "WebSocket connections admitted",
+                totals.inbound.opened,
+            ),
+            (
+                "ws_penalty_bans",
+                "Bans the WebSocket penalty box handed out",
+                totals.inbound.banned,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "ws_slow_reader",
+            "Messages a slow reader's full buffer paused, dropped or closed, by the direction of the messages",
+            None,
+            MetricType::Counter,
+        )?;
+        for (direction, counts) in DIRECTIONS.iter().zip(totals.slow) {
+            for (action, n) in ["paused", "dropped", "closed"].iter().zip(counts) {
+                let labels = [("direction", *direction), ("action", *action)];
+                ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "ws_upstream_failures",
+            "WebSocket upgrades that did not reach the upstream, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in ["connect", "refused", "timeout"]
+            .iter()
+            .zip(totals.upstream_failures)
+        {
+            ConstCounter::new(n).encode(family.encode_family(&[("reason", *reason)])?)?;
+        }
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
 //! The server: `run(config, listeners, shutdown)` serves the HTTP and gRPC APIs (and, with an
-//! upstream, the gateway) until `shutdown` completes, then stops accepting and finishes
+//! upstream, the gateway; with a `websocket` section, the WebSocket gateway) until `shutdown` completes, then stops accepting and finishes
 //! in-flight calls.
 
 use std::future::Future;
@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use crate::api::{self, Service};
 use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
+use crate::gateway::ws::{self as ws_gateway, WsGateway};
 use crate::gateway::{self, Gateway, Upstream};
 
 /// What the server enforces and where it keeps its counters.
@@ -70,6 +71,9 @@ pub struct Listeners {
     pub grpc: Option<TcpListener>,
     /// The gateway (reverse proxy); needs [`ServerConfig::upstream`].
     pub gateway: Option<TcpListener>,
+    /// The WebSocket gateway; relays to the running configuration's `websocket` section's
+    /// upstream (upgrades are answered 503 while the configuration has none).
+    pub websocket: Option<TcpListener>,
 }
 
 /// Serves until `shutdown` completes, then finishes in-flight requests and returns.
@@ -143,6 +147,14 @@ pub async fn run(
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
         let gateway = Arc::new(Gateway::new(service.clone(), upstream, fallback));
         tasks.spawn(gateway::serve(listener, gateway, signal(stopped.clone())));
+    }
+    if let Some(listener) = listeners.websocket {
+        let gateway = WsGateway::new(service.clone());
+        tasks.spawn(ws_gateway::serve(
+            listener,
+            gateway,
+            signal(stopped.clone()),
+        ));
     }
     drop(stopped);
 

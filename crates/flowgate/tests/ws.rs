@@ -474,3 +474,43 @@ fn invalid_settings_are_refused() {
         WsPolicyError::CostExceedsBurst { cost: 40, .. }
     ));
 }
+
+/// A refusal renders through the one renderer: the rate of new connections with its
+/// `RateLimit` fields, a cap with `Retry-After` alone; both are 429s.
+#[cfg(feature = "tower")]
+#[test]
+fn refusals_render_as_429_with_retry_after_and_the_rate_limit_fields_when_counted() {
+    use flowgate::http::headers::policy_item_value;
+    let clock = ManualClock::new(START);
+    let quota = Quota::new(2, Duration::from_secs(60)).unwrap();
+    let limiter = WsLimiter::builder()
+        .clock(clock.clone())
+        .connections_per_ip(quota)
+        .concurrent_per_ip(3)
+        .build()
+        .unwrap();
+    let item = policy_item_value("ws_connect", &quota);
+    let _a = limiter.admit(Client::new("ip")).unwrap();
+    let _b = limiter.admit(Client::new("ip")).unwrap();
+    let refusal = limiter.admit(Client::new("ip")).unwrap_err();
+    assert_eq!(refusal.scope, Scope::Connect);
+    let response = refusal.answer("ws_connect", &item).refusal(false).unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "30");
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        r#""ws_connect";q=2;w=60"#
+    );
+    let fields = response.headers()["ratelimit"].to_str().unwrap();
+    assert!(fields.starts_with(r#""ws_connect";r=0;t="#), "{fields}");
+
+    let capped = WsLimiter::builder().concurrent_per_ip(1).build().unwrap();
+    let _held = capped.admit(Client::new("ip")).unwrap();
+    let refusal = capped.admit(Client::new("ip")).unwrap_err();
+    assert_eq!(refusal.scope, Scope::ConcurrentIp);
+    let response = refusal.answer("ws_connect", &item).refusal(false).unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert!(response.headers().get("ratelimit").is_none());
+    assert_eq!(response.headers()["cache-control"], "no-store");
+}

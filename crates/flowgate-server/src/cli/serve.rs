@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::backend::SharedOptions;
 use crate::config::gateway::DEFAULT_LISTEN;
+use crate::config::websocket::DEFAULT_LISTEN as WS_DEFAULT_LISTEN;
 use crate::gateway::Upstream;
 use crate::server::{self, Listeners, ServerConfig};
 
@@ -65,6 +66,10 @@ pub struct ServeArgs {
     /// instance out of the load balancer at once.
     #[arg(long)]
     pub ready_requires_store: bool,
+    /// Address of the WebSocket gateway, served when a configuration file has a `websocket`
+    /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
+    #[arg(long, value_name = "ADDR")]
+    pub websocket: Option<SocketAddr>,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
@@ -109,6 +114,23 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             Some(listen)
         }
     };
+    let websocket_addr = match (&config.policy.websocket, args.websocket) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            tracing::error!("--websocket needs a `websocket` section in a configuration file");
+            return ExitCode::FAILURE;
+        }
+        (Some(section), flag) => match flag
+            .or(section.listen)
+            .map_or_else(|| WS_DEFAULT_LISTEN.parse(), Ok)
+        {
+            Ok(addr) => Some(addr),
+            Err(e) => {
+                tracing::error!("bad default websocket address: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let runtime = match super::runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -149,6 +171,19 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
                 }
             },
         };
+        let websocket = match websocket_addr {
+            None => None,
+            Some(addr) => match bind(addr).await {
+                Ok(listener) => {
+                    tracing::info!(websocket = %addr, "websocket gateway relaying");
+                    Some(listener)
+                }
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
         tracing::info!(
             http = %args.http,
             grpc = %args.grpc,
@@ -163,6 +198,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             http: Some(http),
             grpc: Some(grpc),
             gateway,
+            websocket,
         };
         match server::run(config, listeners, server::shutdown_signal()).await {
             Ok(()) => {

@@ -22,6 +22,7 @@
 mod error;
 pub mod gateway;
 pub mod reload;
+pub mod websocket;
 mod yaml;
 
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -32,6 +33,7 @@ use flowgate::envoy::{RuleErrorKind, RuleSet};
 
 pub use error::{ConfigError, ConfigErrors};
 pub use gateway::GatewayConfig;
+pub use websocket::WebSocketConfig;
 
 /// The policy used when `flowgate serve` is given no `--config`: domain `default`, documented
 /// in `docs/service.md`.
@@ -53,6 +55,8 @@ pub struct Policy {
     pub loaded_at: SystemTime,
     /// The `gateway` section (at most one file has one).
     pub gateway: Option<GatewayConfig>,
+    /// The `websocket` section (at most one file has one).
+    pub websocket: Option<WebSocketConfig>,
 }
 
 /// A configuration file's name and text.
@@ -126,6 +130,7 @@ impl Policy {
         let mut domains = Vec::with_capacity(sources.len());
         let mut positions = Vec::with_capacity(sources.len());
         let mut gateway: Option<(GatewayConfig, PathBuf)> = None;
+        let mut websocket: Option<(WebSocketConfig, PathBuf)> = None;
         let digest = digest(&sources);
         for source in &sources {
             match yaml::parse(&source.path, &source.text) {
@@ -143,6 +148,21 @@ impl Policy {
                             ),
                         )),
                         (Some((section, _)), None) => gateway = Some((section, source.path.clone())),
+                        (None, _) => {}
+                    }
+                    match (parsed.websocket, &websocket) {
+                        (Some((_, at)), Some((_, first))) => errors.push(ConfigError::at(
+                            &source.path,
+                            at,
+                            Some("websocket"),
+                            format!(
+                                "only one configuration file may have a `websocket` section; {} has one too",
+                                first.display()
+                            ),
+                        )),
+                        (Some((section, _)), None) => {
+                            websocket = Some((section, source.path.clone()));
+                        }
                         (None, _) => {}
                     }
                 }
@@ -176,6 +196,7 @@ impl Policy {
             digest,
             loaded_at: SystemTime::now(),
             gateway: gateway.map(|(section, _)| section),
+            websocket: websocket.map(|(section, _)| section),
         })
     }
 }

@@ -20,12 +20,14 @@
 //! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`.
 //!
 //! The gateway speaks HTTP/1.1 to clients and to the upstream (pooled keep-alive connections).
-//! Upgrades (WebSocket) are not proxied yet: `Upgrade` is hop-by-hop and removed.
+//! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
+//! go to the WebSocket gateway ([`ws`]), on its own listener.
 
 mod descriptors;
 mod forward;
 mod pool;
 mod upstream;
+pub mod ws;
 
 use std::convert::Infallible;
 use std::future::Future;

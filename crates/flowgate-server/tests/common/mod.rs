@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 pub mod upstream;
+pub mod ws;
 
 /// A running server and its temporary configuration directory.
 pub struct TestServer {
@@ -29,6 +30,8 @@ pub struct TestServer {
     pub grpc: SocketAddr,
     /// The gateway, when the configuration has an upstream.
     pub gateway: Option<SocketAddr>,
+    /// The WebSocket gateway, when the configuration has a `websocket` section.
+    pub websocket: Option<SocketAddr>,
     pub dir: tempfile::TempDir,
     pub files: Vec<PathBuf>,
     stop: Option<oneshot::Sender<()>>,
@@ -81,6 +84,11 @@ impl TestServer {
             None => None,
         };
         let gateway_addr = gateway.as_ref().map(|g| g.local_addr().unwrap());
+        let websocket = match config.policy.websocket {
+            Some(_) => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            None => None,
+        };
+        let websocket_addr = websocket.as_ref().map(|g| g.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(server::run(
             config,
@@ -88,6 +96,7 @@ impl TestServer {
                 http: Some(http),
                 grpc: Some(grpc),
                 gateway,
+                websocket,
             },
             async {
                 let _ = stopped.await;
@@ -97,6 +106,7 @@ impl TestServer {
             http: http_addr,
             grpc: grpc_addr,
             gateway: gateway_addr,
+            websocket: websocket_addr,
             dir,
             files,
             stop: Some(stop),

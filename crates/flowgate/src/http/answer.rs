@@ -191,6 +191,18 @@ impl Answer {
         }
     }
 
+    /// A refusal by a cap that has no counts to report (concurrent connections, a node cap, a
+    /// ban): limited, `Retry-After` of `retry_after_secs` (at least 1), `violated` named in the
+    /// problem body, and no `RateLimit` fields — there is no quota to describe.
+    pub fn limited_without_counts(violated: impl Into<String>, retry_after_secs: u64) -> Self {
+        Answer {
+            kind: AnswerKind::Limited,
+            retry_after: Some(retry_after_secs.max(1)),
+            violated: vec![violated.into()],
+            ..Answer::empty()
+        }
+    }
+
     /// The answer for `reports`; with `legacy`, also the `X-RateLimit-*` fields.
     pub fn new<'a>(reports: impl IntoIterator<Item = LimitReport<'a>>, legacy: bool) -> Self {
         super::scratch::with_buffer(|buffer| Self::with_buffer(reports, legacy, buffer))

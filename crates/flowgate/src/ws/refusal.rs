@@ -3,8 +3,8 @@
 //! `RateLimit` fields, rendered by the one renderer ([`Answer`]).
 
 use bytes::Bytes;
+use http::HeaderValue;
 use http::Response;
-use http::header::{HeaderValue, RETRY_AFTER};
 
 use super::limiter::{Refusal, WsLimiter};
 use super::verdict::Scope;
@@ -13,11 +13,36 @@ use crate::http::answer::{Answer, LimitReport};
 use crate::http::headers::policy_item_value;
 use crate::http::problem::Problem;
 
+impl Refusal {
+    /// The client-visible answer: for the rate of new connections, the `RateLimit-Policy` /
+    /// `RateLimit` fields of its decision under `name` and `policy_item` (e.g.
+    /// [`policy_item_value`] of the connect quota); for the caps and the penalty box, which have
+    /// no counts to show, `Retry-After` alone. Either way a refusal
+    /// ([`Answer::refusal`] gives the 429).
+    pub fn answer(&self, name: &str, policy_item: &HeaderValue) -> Answer {
+        match &self.decision {
+            Some(decision) => {
+                let result = Ok(*decision);
+                Answer::new(
+                    [LimitReport {
+                        name,
+                        policy_item,
+                        enforced: true,
+                        result: &result,
+                    }],
+                    false,
+                )
+            }
+            None => Answer::limited_without_counts(self.scope.name(), self.retry_after_secs()),
+        }
+    }
+}
+
 impl<C: Clock + Clone> WsLimiter<C> {
     /// The response to an upgrade request that [`admit`](WsLimiter::admit) refused: `429`,
     /// `Retry-After` (whole seconds, rounded up), `Cache-Control: no-store`, an RFC 9457 body
     /// naming the scope, and for the new-connection rate `RateLimit-Policy: "connect";q=…;w=…`
-    /// and `RateLimit`.
+    /// and `RateLimit` — [`Refusal::answer`] under the name `connect`.
     ///
     /// ```
     /// use flowgate::{ws::{Client, WsLimiter}, Quota};
@@ -30,25 +55,17 @@ impl<C: Clock + Clone> WsLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refusal_response(&self, refusal: &Refusal) -> Response<Bytes> {
-        if let (Some(decision), Some(quota)) = (refusal.decision, self.connect_quota()) {
-            let item = policy_item_value(Scope::Connect.name(), &quota);
-            let result = Ok(decision);
-            let report = LimitReport {
-                name: Scope::Connect.name(),
-                policy_item: &item,
-                enforced: true,
-                result: &result,
-            };
-            if let Some(response) = Answer::new([report], false).refusal(false) {
-                return response;
-            }
-        }
-        let secs = refusal.retry_after_secs();
-        let mut response =
-            Problem::quota_exceeded(vec![refusal.scope.name().to_owned()], secs).into_response();
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(secs));
-        response
+        let name = Scope::Connect.name();
+        let item = match self.connect_quota() {
+            Some(quota) => policy_item_value(name, &quota),
+            None => HeaderValue::from_static(""),
+        };
+        // A refusal's answer is always limited; the fallback only keeps this total.
+        refusal
+            .answer(name, &item)
+            .refusal(false)
+            .unwrap_or_else(|| {
+                Problem::quota_exceeded(vec![refusal.scope.name().to_owned()], 1).into_response()
+            })
     }
 }

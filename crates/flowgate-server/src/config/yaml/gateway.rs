@@ -59,10 +59,10 @@ struct EntryYaml {
     as_key: Option<Spanned<String>>,
 }
 
-/// The `gateway.jwt` block: exactly one key.
+/// The `jwt` block (of `gateway` and `websocket`): exactly one key.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct JwtYaml {
+pub(super) struct JwtYaml {
     /// The environment variable holding the HS256 secret.
     #[serde(default)]
     hs256_secret_env: Option<Spanned<String>>,
@@ -158,54 +158,10 @@ pub(super) fn convert_gateway(
             }
         },
     };
-    let jwt = g.jwt.as_ref().and_then(|j| {
-        let at = pos(&j.referenced);
-        match (&j.value.hs256_secret_env, &j.value.rs256_public_key_file) {
-            (Some(env), None) => match std::env::var(&env.value) {
-                Ok(secret) if !secret.is_empty() => Some(Jwt::hs256(secret.as_bytes())),
-                _ => {
-                    error(
-                        pos(&env.referenced),
-                        "jwt.hs256_secret_env",
-                        format!("the environment variable `{}` is not set", env.value),
-                    );
-                    None
-                }
-            },
-            (None, Some(key_file)) => {
-                let path = file
-                    .parent()
-                    .unwrap_or_else(|| Path::new(""))
-                    .join(&key_file.value);
-                let built = std::fs::read(&path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))
-                    .and_then(|pem| {
-                        Jwt::rs256_pem(&pem).map_err(|e| {
-                            format!("{} is not an RSA public key in PEM: {e}", path.display())
-                        })
-                    });
-                match built {
-                    Ok(jwt) => Some(jwt),
-                    Err(message) => {
-                        error(
-                            pos(&key_file.referenced),
-                            "jwt.rs256_public_key_file",
-                            message,
-                        );
-                        None
-                    }
-                }
-            }
-            _ => {
-                error(
-                    at,
-                    "jwt",
-                    "give exactly one of `hs256_secret_env` and `rs256_public_key_file`".into(),
-                );
-                None
-            }
-        }
-    });
+    let jwt = g
+        .jwt
+        .as_ref()
+        .and_then(|j| convert_jwt(file, j, &mut error));
 
     let mut descriptors = Vec::new();
     match &g.descriptors {
@@ -266,6 +222,61 @@ pub(super) fn convert_gateway(
         descriptors,
         upstream_timeout: upstream_timeout?,
     })
+}
+
+/// Builds the verifier of a `jwt` block; reports what is wrong with it through `error` (field
+/// names relative to the section).
+pub(super) fn convert_jwt(
+    file: &Path,
+    j: &Spanned<JwtYaml>,
+    error: &mut impl FnMut((u64, u64), &str, String),
+) -> Option<Jwt> {
+    let at = pos(&j.referenced);
+    match (&j.value.hs256_secret_env, &j.value.rs256_public_key_file) {
+        (Some(env), None) => match std::env::var(&env.value) {
+            Ok(secret) if !secret.is_empty() => Some(Jwt::hs256(secret.as_bytes())),
+            _ => {
+                error(
+                    pos(&env.referenced),
+                    "jwt.hs256_secret_env",
+                    format!("the environment variable `{}` is not set", env.value),
+                );
+                None
+            }
+        },
+        (None, Some(key_file)) => {
+            let path = file
+                .parent()
+                .unwrap_or_else(|| Path::new(""))
+                .join(&key_file.value);
+            let built = std::fs::read(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                .and_then(|pem| {
+                    Jwt::rs256_pem(&pem).map_err(|e| {
+                        format!("{} is not an RSA public key in PEM: {e}", path.display())
+                    })
+                });
+            match built {
+                Ok(jwt) => Some(jwt),
+                Err(message) => {
+                    error(
+                        pos(&key_file.referenced),
+                        "jwt.rs256_public_key_file",
+                        message,
+                    );
+                    None
+                }
+            }
+        }
+        _ => {
+            error(
+                at,
+                "jwt",
+                "give exactly one of `hs256_secret_env` and `rs256_public_key_file`".into(),
+            );
+            None
+        }
+    }
 }
 
 /// One entry's source and its default descriptor key; reports what is wrong with it.

@@ -8,6 +8,7 @@
 
 mod gateway;
 mod rules;
+mod websocket;
 
 use std::path::Path;
 
@@ -17,8 +18,10 @@ use serde_saphyr::{Location, Spanned};
 
 use super::error::ConfigError;
 use super::gateway::GatewayConfig;
+use super::websocket::WebSocketConfig;
 use gateway::{GatewayYaml, convert_gateway};
 use rules::{DescriptorYaml, convert_all};
+use websocket::{WebSocketYaml, convert_websocket};
 
 /// One configuration file: one domain.
 #[derive(Debug, Deserialize)]
@@ -32,6 +35,9 @@ struct FileYaml {
     /// Extension: how the reverse proxy builds descriptors from HTTP requests.
     #[serde(default)]
     gateway: Option<Spanned<GatewayYaml>>,
+    /// Extension: the WebSocket gateway's upgrade and message limits.
+    #[serde(default)]
+    websocket: Option<Spanned<WebSocketYaml>>,
 }
 
 /// Where each rule of a parsed file is, by index path below the domain, for errors found
@@ -67,6 +73,8 @@ pub(crate) struct Parsed {
     pub(crate) positions: Positions,
     /// The `gateway` section, if any, with its position.
     pub(crate) gateway: Option<(GatewayConfig, (u64, u64))>,
+    /// The `websocket` section, if any, with its position.
+    pub(crate) websocket: Option<(WebSocketConfig, (u64, u64))>,
 }
 
 /// Parses one file into its domain (and gateway section), collecting every semantic error.
@@ -97,11 +105,16 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<Parsed, Vec<ConfigError>>
         let at = pos(&g.referenced);
         convert_gateway(file, &yaml.domain.value, g.value, at, &mut errors).map(|g| (g, at))
     });
+    let websocket = yaml.websocket.and_then(|w| {
+        let at = pos(&w.referenced);
+        convert_websocket(file, w.value, at, &mut errors).map(|w| (w, at))
+    });
     if errors.is_empty() {
         Ok(Parsed {
             domain: DomainSpec::new(yaml.domain.value, descriptors),
             positions,
             gateway,
+            websocket,
         })
     } else {
         Err(errors)

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The WebSocket gateway against a direct connection to the same upstream echo server, on
+# loopback: messages per second (closed loop: each connection sends and waits for its echo),
+# added p50/p99 latency below saturation (a fixed total rate), at 100 and 1,000 connections;
+# then the gateway's memory per idle proxied connection at 10,000 connections (RSS delta).
+#
+#   crates/flowgate-server/benches/websocket/run.sh [SECONDS_PER_RUN]
+#
+# With CALLGRIND=1, also the instructions per round trip of the echo server alone and of the
+# gateway alone (valgrind's callgrind; figures the machine's load does not move);
+# CALLGRIND_ONLY=1 runs only that.
+#
+# The gateway judges every message (messages and bytes per connection, the size limit), all
+# allowing. Ports 19801-19804 on 127.0.0.1. Note the machine's load (printed before and
+# after): on a shared 2-core machine wall-clock figures move by ±30 %.
+set -euo pipefail
+cd "$(dirname "$0")/../../../.."
+SECS=${1:-5}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build --release -p flowgate-server --bin flowgate --example ws_bench >&2
+BIN=$CARGO_TARGET_DIR/release
+ECHO=19801 GW=19802 HTTP=19803 GRPC=19804
+# 10,000 idle connections take 20,000 descriptors in the gateway.
+ulimit -Hn 65536 2>/dev/null || true
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+IDLE_N=10000
+if [ "$(ulimit -n)" -lt 20500 ]; then
+    IDLE_N=$(( ($(ulimit -n) - 500) / 2 ))
+    echo "# only $(ulimit -n) file descriptors: $IDLE_N idle connections instead of 10,000"
+fi
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+cat > "$TMP/bench.yaml" <<YAML
+domain: bench
+websocket:
+  upstream: ws://127.0.0.1:$ECHO
+  limits:
+    messages: {limit: 1000000, per: 1s}
+    bytes: {limit: 1000000000, per: 1s}
+    max_message_size: 65536
+YAML
+wait_port() {
+    for _ in $(seq 600); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "port $1 never opened" >&2
+    exit 1
+}
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+
+echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
+THREADS=1 "$BIN/examples/ws_bench" echo "127.0.0.1:$ECHO" & PIDS+=($!)
+RUST_LOG=warn "$BIN/flowgate" serve --config "$TMP/bench.yaml" --http "127.0.0.1:$HTTP" \
+    --grpc "127.0.0.1:$GRPC" --websocket "127.0.0.1:$GW" & GWPID=$!; PIDS+=($GWPID)
+wait_port $ECHO; wait_port $GW
+
+if [ "${CALLGRIND_ONLY:-0}" != 1 ]; then
+for conns in 100 1000; do
+    for target in direct gateway; do
+        port=$ECHO; [ $target = gateway ] && port=$GW
+        out=$("$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64)
+        echo "saturated conns=$conns $target $out"
+    done
+    # Below saturation: a fixed total rate both ways.
+    rate=5000
+    for target in direct gateway; do
+        port=$ECHO; [ $target = gateway ] && port=$GW
+        out=$("$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64 $rate)
+        echo "paced rate=$rate/s conns=$conns $target $out"
+    done
+done
+
+# Memory: a fresh gateway, so that nothing earlier runs left in its allocator counts.
+kill $GWPID; wait $GWPID 2>/dev/null || true
+RUST_LOG=warn "$BIN/flowgate" serve --config "$TMP/bench.yaml" --http "127.0.0.1:$HTTP" \
+    --grpc "127.0.0.1:$GRPC" --websocket "127.0.0.1:$GW" & GWPID=$!; PIDS+=($GWPID)
+wait_port $GW
+before=$(rss_kib $GWPID)
+"$BIN/examples/ws_bench" idle "ws://127.0.0.1:$GW/" $IDLE_N 20 > "$TMP/idle.out" & IDLE=$!; PIDS+=($IDLE)
+for _ in $(seq 600); do grep -q ready "$TMP/idle.out" 2>/dev/null && break; sleep 0.1; done
+grep -q ready "$TMP/idle.out" || { echo "the idle connections never opened" >&2; exit 1; }
+sleep 2
+after=$(rss_kib $GWPID)
+relays=$(curl -s "http://127.0.0.1:$HTTP/metrics" | awk '/^flowgate_ws_relays / {print $2}')
+echo "idle: relays=$relays gateway RSS ${before} KiB -> ${after} KiB: $(( (after - before) * 1024 / IDLE_N )) bytes per idle proxied connection"
+kill $IDLE 2>/dev/null || true
+wait $IDLE 2>/dev/null || true
+fi
+
+if [ "${CALLGRIND:-0}" = 1 ] || [ "${CALLGRIND_ONLY:-0}" = 1 ]; then
+    # Instructions per message, which the machine's load does not move: the echo server
+    # alone, and the gateway alone, each under callgrind for two runs of different lengths
+    # (10 connections, closed loop); the difference of the totals over the difference of the
+    # message counts leaves start-up and shutdown out.
+    kill $GWPID; wait $GWPID 2>/dev/null || true
+    measure() { # NAME PORT COMMAND...: appends "messages instructions" for runs of 3 s and 9 s
+        local name=$1 port=$2; shift 2
+        local url="ws://127.0.0.1:$port/"
+        for secs in 3 9; do
+            valgrind --tool=callgrind --callgrind-out-file="$TMP/$name.$secs.cg" "$@" \
+                > /dev/null 2> "$TMP/$name.$secs.log" & local vg=$!
+            wait_port "$port"
+            "$BIN/examples/ws_bench" load "$url" 10 $secs 64 > "$TMP/$name.$secs.out"
+            kill -TERM $vg; wait $vg 2>/dev/null || true
+            local n ir
+            n=$(sed 's/.*messages=\([0-9]*\).*/\1/' "$TMP/$name.$secs.out")
+            ir=$(grep -o 'Collected : [0-9]*' "$TMP/$name.$secs.log" | awk '{print $3}')
+            echo "$n $ir" >> "$TMP/$name.counts"
+        done
+        awk -v what="$name" 'NR==1 {n1=$1; i1=$2} NR==2 {n2=$1; i2=$2}
+            END {printf "callgrind: %s %d instructions per round trip (%d and %d round trips)\n", what, (i2-i1)/(n2-n1), n1, n2}' \
+            "$TMP/$name.counts"
+    }
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true
+    PIDS=()
+    export THREADS=1   # the echo server's workers (valgrind would profile `env`, not it)
+    measure echo $ECHO "$BIN/examples/ws_bench" echo "127.0.0.1:$ECHO"
+    "$BIN/examples/ws_bench" echo "127.0.0.1:$ECHO" & PIDS+=($!)
+    wait_port $ECHO
+    measure gateway $GW "$BIN/flowgate" serve --config "$TMP/bench.yaml" --http "127.0.0.1:$HTTP" \
+        --grpc "127.0.0.1:$GRPC" --websocket "127.0.0.1:$GW"
+fi
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
