@@ -59,6 +59,12 @@ pub mod store;
 #[cfg(feature = "ws")]
 pub mod ws;
 
+// docs/migration.md's examples run as doc-tests (governor and tower_governor are
+// dev-dependencies), so the guide cannot drift from either API.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../docs/migration.md")]
+mod migration_guide {}
+
 pub use decision::{Decision, Denied, FailMode};
 pub use local::{DEFAULT_MAX_KEYS, KeyedRateLimiter, RateLimiter};
 pub use quota::{Algorithm, InsufficientCapacity, Quota, QuotaError};

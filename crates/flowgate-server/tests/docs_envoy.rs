@@ -1,0 +1,254 @@
+//! `docs/envoy.md` is a working pair: its Flowgate file passes `flowgate check-config`, its
+//! Envoy filter asks about that file's domain, and the descriptors its `rate_limits` actions
+//! produce for a sample request each meet a limit of a running server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use serde_json::Value;
+
+mod common;
+
+use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
+
+const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+
+/// The fenced block that follows the HTML comment `<!-- {marker} -->`.
+fn block(doc: &str, marker: &str) -> String {
+    let start = doc
+        .find(&format!("<!-- {marker} -->"))
+        .unwrap_or_else(|| panic!("docs/envoy.md has no `<!-- {marker} -->`"));
+    let rest = &doc[start..];
+    let open = rest
+        .find("```yaml\n")
+        .expect("a yaml block after the marker")
+        + "```yaml\n".len();
+    let len = rest[open..].find("\n```").expect("the block ends");
+    rest[open..open + len + 1].to_owned()
+}
+
+fn doc() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/envoy.md")).unwrap()
+}
+
+/// A request as Envoy sees it.
+struct Sample<'a> {
+    path: &'a str,
+    remote_address: &'a str,
+    headers: &'a [(&'a str, &'a str)],
+}
+
+/// The descriptor one `rate_limits` entry's actions make for `sample` (the actions used in the
+/// doc; any other action fails the test, so the doc cannot drift beyond what is checked).
+/// `None` when an action skips the descriptor (`skip_if_absent`).
+fn descriptor_for(actions: &[Value], sample: &Sample<'_>) -> Option<RateLimitDescriptor> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for action in actions {
+        let (name, body) = action.as_object().unwrap().iter().next().unwrap();
+        match name.as_str() {
+            "remote_address" => {
+                entries.push(("remote_address".into(), sample.remote_address.into()))
+            }
+            "generic_key" => entries.push((
+                body.get("descriptor_key")
+                    .and_then(Value::as_str)
+                    .unwrap_or("generic_key")
+                    .into(),
+                body["descriptor_value"].as_str().unwrap().into(),
+            )),
+            "request_headers" => {
+                let header = body["header_name"].as_str().unwrap();
+                match sample
+                    .headers
+                    .iter()
+                    .find(|(h, _)| h.eq_ignore_ascii_case(header))
+                {
+                    Some((_, value)) => entries.push((
+                        body["descriptor_key"].as_str().unwrap().into(),
+                        (*value).into(),
+                    )),
+                    // Envoy drops the entry with `skip_if_absent`, else the whole descriptor.
+                    None if body["skip_if_absent"] == Value::Bool(true) => {}
+                    None => return None,
+                }
+            }
+            other => panic!("docs/envoy.md uses action `{other}`, which this test does not model"),
+        }
+    }
+    if entries.is_empty() {
+        return None;
+    }
+    let borrowed: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    Some(descriptor(&borrowed))
+}
+
+/// A route's prefix and the actions of each of its `rate_limits` entries.
+type Route = (String, Vec<Vec<Value>>);
+
+/// The Envoy bootstrap's rate-limit domain and its routes.
+fn envoy() -> (String, Vec<Route>) {
+    let config: Value = serde_saphyr::from_str(&block(&doc(), "envoy: envoy.yaml")).unwrap();
+    let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    let filters = hcm["http_filters"].as_array().unwrap();
+    assert_eq!(
+        filters.last().unwrap()["name"],
+        "envoy.filters.http.router",
+        "router last"
+    );
+    let ratelimit = filters
+        .iter()
+        .find(|f| f["name"] == "envoy.filters.http.ratelimit")
+        .expect("the rate-limit filter");
+    let typed = &ratelimit["typed_config"];
+    assert_eq!(typed["rate_limit_service"]["transport_api_version"], "V3");
+    let cluster = typed["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        .as_str()
+        .unwrap();
+    let clusters = config["static_resources"]["clusters"].as_array().unwrap();
+    let flowgate = clusters
+        .iter()
+        .find(|c| c["name"] == cluster)
+        .expect("the RLS cluster");
+    assert!(
+        flowgate["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            ["explicit_http_config"]
+            .get("http2_protocol_options")
+            .is_some(),
+        "gRPC needs HTTP/2 to the RLS cluster"
+    );
+    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let prefix = r["match"]["prefix"].as_str().unwrap().to_owned();
+            let limits = r["route"]["rate_limits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["actions"].as_array().unwrap().clone())
+                .collect();
+            (prefix, limits)
+        })
+        .collect();
+    (typed["domain"].as_str().unwrap().to_owned(), routes)
+}
+
+#[test]
+fn the_flowgate_file_passes_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, block(&doc(), "flowgate: edge.yaml")).unwrap();
+    let out = Command::new(FLOWGATE)
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[tokio::test]
+async fn envoys_descriptors_meet_the_flowgate_rules() {
+    let rules = block(&doc(), "flowgate: edge.yaml");
+    let (domain, routes) = envoy();
+    let file_domain: Value = serde_saphyr::from_str(&rules).unwrap();
+    assert_eq!(
+        file_domain["domain"],
+        domain.as_str(),
+        "the filter's domain is the file's"
+    );
+
+    let server = TestServer::start(&[("edge.yaml", &rules)]).await;
+    let mut rls = server.rls().await;
+    let samples = [
+        Sample {
+            path: "/checkout/cart",
+            remote_address: "10.0.0.7",
+            headers: &[],
+        },
+        Sample {
+            path: "/users",
+            remote_address: "10.0.0.8",
+            headers: &[("X-Api-Key", "key-1")],
+        },
+        Sample {
+            path: "/users",
+            remote_address: "10.0.0.9",
+            headers: &[],
+        },
+    ];
+    for sample in &samples {
+        // Envoy takes the first route whose prefix matches.
+        let (_, limits) = routes
+            .iter()
+            .find(|(prefix, _)| sample.path.starts_with(prefix.as_str()))
+            .unwrap();
+        let descriptors: Vec<_> = limits
+            .iter()
+            .filter_map(|actions| descriptor_for(actions, sample))
+            .collect();
+        let expected = 1 + sample.headers.len() + usize::from(sample.path.starts_with("/checkout"));
+        assert_eq!(descriptors.len(), expected, "{}", sample.path);
+        let answer = should(&mut rls, request(&domain, descriptors.clone())).await;
+        assert_eq!(answer.overall_code, OK, "{answer:?}");
+        if sample.path.starts_with("/checkout") {
+            // The fields the doc shows for this request.
+            let doc = doc();
+            for (name, shown) in [("ratelimit-policy", true), ("ratelimit", false)] {
+                let header = answer
+                    .response_headers_to_add
+                    .iter()
+                    .find(|h| h.key == name)
+                    .unwrap_or_else(|| panic!("no {name}: {answer:?}"));
+                let line = format!("{name}: {}", header.value);
+                // `t` counts down in time; the policy is exact.
+                let expected = if shown {
+                    line.clone()
+                } else {
+                    line.split(";t=").next().unwrap().to_owned()
+                };
+                assert!(
+                    doc.contains(&expected),
+                    "docs/envoy.md should show `{line}`"
+                );
+            }
+        }
+        for (status, d) in answer.statuses.iter().zip(&descriptors) {
+            assert!(status.current_limit.is_some(), "no rule meets {d:?}");
+        }
+    }
+
+    // The checkout rule: 5 per minute per address, the sixth refused.
+    let sample = &samples[0];
+    let (_, limits) = routes
+        .iter()
+        .find(|(p, _)| sample.path.starts_with(p.as_str()))
+        .unwrap();
+    let descriptors: Vec<_> = limits
+        .iter()
+        .filter_map(|actions| descriptor_for(actions, sample))
+        .collect();
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        codes.push(
+            should(&mut rls, request(&domain, descriptors.clone()))
+                .await
+                .overall_code,
+        );
+    }
+    // Four more allowed (the first came in the loop above), then refused.
+    assert_eq!(codes, [OK, OK, OK, OK, OVER_LIMIT]);
+    let refused = should(&mut rls, request(&domain, descriptors)).await;
+    assert_eq!(refused.overall_code, OVER_LIMIT);
+    let names: Vec<_> = refused
+        .statuses
+        .iter()
+        .map(|s| s.current_limit.as_ref().unwrap().name.clone())
+        .collect();
+    assert_eq!(names, ["checkout", "per_address"]);
+    server.stop().await;
+}
