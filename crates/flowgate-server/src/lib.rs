@@ -8,7 +8,7 @@
 //! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
 //! * [`metrics`]: Prometheus metrics;
 //! * [`server`]: `run(config, listeners, shutdown)`;
-//! * [`cli`]: `serve`, `check-config`, `loadgen`.
+//! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`.
 
 pub mod api;
 pub mod backend;

@@ -1,8 +1,10 @@
-//! Command-line interface: `flowgate serve`, `flowgate check-config`, `flowgate loadgen`.
+//! Command-line interface: `flowgate serve`, `flowgate check-config`, `flowgate loadgen`,
+//! `flowgate simulate`.
 
 mod check_config;
 pub mod loadgen;
 mod serve;
+pub mod simulate;
 
 use std::process::ExitCode;
 
@@ -11,6 +13,7 @@ use clap::{Parser, Subcommand};
 pub use check_config::CheckConfigArgs;
 pub use loadgen::LoadgenArgs;
 pub use serve::ServeArgs;
+pub use simulate::SimulateArgs;
 
 /// Flowgate: a rate limiter for a whole fleet.
 #[derive(Debug, Parser)]
@@ -31,6 +34,9 @@ pub enum Command {
     /// Drives load at a rate-limit service (gRPC RLS, /json, /v1/check) and reports
     /// throughput and latency percentiles.
     Loadgen(LoadgenArgs),
+    /// Runs traffic (a built-in scenario, a CSV trace, a configuration's rules) through every
+    /// algorithm with the same quota on a simulated clock, and shows how they differ.
+    Simulate(SimulateArgs),
 }
 
 /// Runs a parsed command line; returns the process's exit code.
@@ -42,6 +48,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::CheckConfig(args) => check_config::run(&args),
         Command::Loadgen(args) => loadgen::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
     }
 }
 

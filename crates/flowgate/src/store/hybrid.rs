@@ -31,7 +31,7 @@
 //! meantime the instance grants at most what is left of its allowance.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -51,8 +51,10 @@ const IDLE_SYNCS: u32 = 100;
 #[derive(Debug)]
 pub struct HybridStore<S> {
     shared: Arc<Shared<S>>,
-    /// The sync task; stopped when the store is dropped.
-    task: tokio::task::JoinHandle<()>,
+    /// The background sync task, stopped when the store is dropped; `None` when the caller
+    /// syncs ([`HybridStoreBuilder::build_manual`]).
+    #[cfg(feature = "tokio")]
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Debug)]
@@ -115,25 +117,63 @@ impl<S: Store + 'static> HybridStoreBuilder<S> {
     }
 
     /// Builds the store and starts its sync task on the current tokio runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (as `tokio::spawn` does).
+    #[cfg(feature = "tokio")]
     pub fn build(self) -> HybridStore<S> {
+        let every = self.sync_every;
+        let mut store = self.build_manual();
+        store.task = Some(tokio::spawn(sync_loop(
+            Arc::downgrade(&store.shared),
+            every,
+        )));
+        store
+    }
+
+    /// Builds the store without a sync task: counts reach the shared store only when the
+    /// caller calls [`sync_now`](HybridStore::sync_now), e.g. every `sync_every` of a
+    /// simulated clock ([`crate::simulate`] does this). `sync_every` is still the wait that
+    /// denials report. Needs no runtime.
+    ///
+    /// ```
+    /// use flowgate::store::{Ask, HybridStore, MemoryStore, Store};
+    /// use flowgate::Quota;
+    /// let store = HybridStore::builder(MemoryStore::new()).instances(2).build_manual();
+    /// let quota = Quota::per_minute(10);
+    /// // Before the first sync each of the 2 instances may grant ⌈10 / 2⌉ = 5.
+    /// let granted = (0..10)
+    ///     .filter(|_| store.check_now(Ask::new("k", &quota)).unwrap().unwrap().allowed)
+    ///     .count();
+    /// assert_eq!(granted, 5);
+    /// ```
+    pub fn build_manual(self) -> HybridStore<S> {
         let shared = Arc::new(Shared {
             store: self.store,
             instances: self.instances,
             sync_every: crate::clock::nanos(self.sync_every),
             keys: Mutex::new(HashMap::new()),
         });
-        let task = tokio::spawn(sync_loop(Arc::downgrade(&shared), self.sync_every));
-        HybridStore { shared, task }
+        HybridStore {
+            shared,
+            #[cfg(feature = "tokio")]
+            task: None,
+        }
     }
 }
 
+#[cfg(feature = "tokio")]
 impl<S> Drop for HybridStore<S> {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
-async fn sync_loop<S: Store>(shared: Weak<Shared<S>>, every: Duration) {
+#[cfg(feature = "tokio")]
+async fn sync_loop<S: Store>(shared: std::sync::Weak<Shared<S>>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -304,7 +344,7 @@ impl<S: Store> Store for HybridStore<S> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tokio"))]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;

@@ -6,7 +6,6 @@
 //! trace of calls — `tests/conformance.rs` runs one table of traces against each of them.
 
 pub mod fallback;
-#[cfg(feature = "redis")]
 pub mod hybrid;
 mod memory;
 #[cfg(feature = "redis")]
@@ -17,7 +16,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use fallback::{FallbackStats, FallbackStore, FallbackStoreBuilder, local_share};
-#[cfg(feature = "redis")]
 pub use hybrid::{HybridStore, HybridStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
