@@ -13,6 +13,11 @@
 # The gateway judges every message (messages and bytes per connection, the size limit), all
 # allowing. Ports 19801-19804 on 127.0.0.1. Note the machine's load (printed before and
 # after): on a shared 2-core machine wall-clock figures move by ±30 %.
+#
+# PIN=1 gives the gateway a core of its own, as it has in a deployment: the gateway runs on
+# core GATEWAY_CPU (default 0), the echo server and the load client on PEERS_CPU (default 1)
+# in both the direct and the gateway runs, so the upstream and the client have the same CPU
+# either way and the ratio says whether the gateway keeps up with them.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 SECS=${1:-5}
@@ -53,11 +58,17 @@ wait_port() {
     echo "port $1 never opened" >&2
     exit 1
 }
+GW_PIN=() PEER_PIN=()
+if [ "${PIN:-0}" = 1 ]; then
+    GW_PIN=(taskset -c "${GATEWAY_CPU:-0}")
+    PEER_PIN=(taskset -c "${PEERS_CPU:-1}")
+    echo "# pinned: gateway on core ${GATEWAY_CPU:-0}; echo server and load client on core ${PEERS_CPU:-1}"
+fi
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
-THREADS=1 "$BIN/examples/ws_bench" echo "127.0.0.1:$ECHO" & PIDS+=($!)
-RUST_LOG=warn "$BIN/flowgate" serve --config "$TMP/bench.yaml" --http "127.0.0.1:$HTTP" \
+THREADS=1 "${PEER_PIN[@]}" "$BIN/examples/ws_bench" echo "127.0.0.1:$ECHO" & PIDS+=($!)
+RUST_LOG=warn "${GW_PIN[@]}" "$BIN/flowgate" serve --config "$TMP/bench.yaml" --http "127.0.0.1:$HTTP" \
     --grpc "127.0.0.1:$GRPC" --websocket "127.0.0.1:$GW" & GWPID=$!; PIDS+=($GWPID)
 wait_port $ECHO; wait_port $GW
 
@@ -65,14 +76,14 @@ if [ "${CALLGRIND_ONLY:-0}" != 1 ]; then
 for conns in 100 1000; do
     for target in direct gateway; do
         port=$ECHO; [ $target = gateway ] && port=$GW
-        out=$("$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64)
+        out=$("${PEER_PIN[@]}" "$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64)
         echo "saturated conns=$conns $target $out"
     done
     # Below saturation: a fixed total rate both ways.
     rate=5000
     for target in direct gateway; do
         port=$ECHO; [ $target = gateway ] && port=$GW
-        out=$("$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64 $rate)
+        out=$("${PEER_PIN[@]}" "$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64 $rate)
         echo "paced rate=$rate/s conns=$conns $target $out"
     done
 done

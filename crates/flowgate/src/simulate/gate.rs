@@ -148,9 +148,10 @@ impl Gate {
                 let every = nanos(sync_every).max(1_000_000);
                 Kind::Hybrid {
                     stores: (0..instances)
-                        .map(|_| {
+                        .map(|i| {
                             HybridStore::builder(shared.clone())
                                 .instances(instances)
+                                .instance(i)
                                 .sync_every(sync_every)
                                 .build_manual()
                         })

@@ -4,21 +4,30 @@
 //! task pushes the units granted since the last sync to the shared store (one
 //! [`Store::check_many`] for all keys: with a [`RedisStore`](crate::store::RedisStore), one
 //! batched script call) and reads back how much of the limit is left, `R`. The instance may then
-//! grant its share of that, `⌈R / k⌉` for `k` instances, until the next sync. A key seen for the
-//! first time starts with `⌈B / k⌉` (`B` = burst).
+//! grant its share of that until the next sync. A key seen for the first time starts with its
+//! share of `B` (the burst).
+//!
+//! **Shares.** Instance `i` of `k` ([`HybridStoreBuilder::instance`]) takes `⌊(R + s) / k⌋`
+//! units, where the slot `s = (i + hash(key)) mod k`. The `k` slots of a key are distinct when
+//! the instances' numbers are, so the shares sum to exactly `R` (Hermite's identity): when one
+//! unit is left, one instance may grant it, not all `k`; and which instance takes the
+//! remainder varies from key to key. An instance without a number draws one at random: the
+//! shares then sum to `R` on average and to at most `k · ⌈R / k⌉`.
 //!
 //! **Over-admission bound.** With `k` instances, burst `B` and no replenishment in between
 //! (e.g. within one fixed window, or a bucket that does not refill meanwhile), the instances
 //! together admit at most
 //!
 //! ```text
-//! B + k · ⌈B / k⌉        (≤ 2B + k)
+//! 2B                     with distinct instance numbers
+//! B + k · ⌈B / k⌉        (≤ 2B + k) without
 //! ```
 //!
 //! Proof: until the store's count reaches `B`, everything admitted is either counted in the
 //! store (< `B`) or covered by some instance's current allowance; once it reaches `B`, every
 //! new allowance is 0, so what is admitted afterwards was covered by the allowances handed out
-//! before, each at most `⌈B / k⌉`. With replenishment, add what the store itself would grant
+//! before, at most one outstanding per instance, each at most `⌈B / k⌉` — and with distinct
+//! slots, at most `Σ ⌊(B + s) / k⌋ = B` together. With replenishment, add what the store itself would grant
 //! over one more sync interval. With evenly spaced syncs the overshoot is far smaller in
 //! practice — about `B·(k − 1)/(2k)` in the worst phase alignment — see `tests/hybrid.rs`, which
 //! drives 3 instances at 5× the limit and checks the bound. Under-admission is at most the
@@ -63,6 +72,8 @@ struct Shared<S> {
     store: S,
     /// Instances sharing the store (`k`).
     instances: u64,
+    /// This instance's number, `0..k`.
+    instance: u64,
     /// Time between syncs, in ns.
     sync_every: Nanos,
     /// Per (key, algorithm): this instance's view.
@@ -88,6 +99,7 @@ struct Entry {
 pub struct HybridStoreBuilder<S> {
     store: S,
     instances: u64,
+    instance: Option<u64>,
     sync_every: Duration,
 }
 
@@ -97,6 +109,7 @@ impl<S: Store> HybridStore<S> {
         HybridStoreBuilder {
             store,
             instances: 1,
+            instance: None,
             sync_every: DEFAULT_SYNC_EVERY,
         }
     }
@@ -107,6 +120,14 @@ impl<S: Store + 'static> HybridStoreBuilder<S> {
     /// at every sync.
     pub fn instances(mut self, instances: u64) -> Self {
         self.instances = instances.max(1);
+        self
+    }
+
+    /// This instance's number among the `k` (`0..k`, taken modulo `k`; e.g. a StatefulSet
+    /// ordinal). Distinct numbers make the instances' shares of what is left sum to exactly
+    /// what is left (see the [module docs](self)); without one, a random number is drawn.
+    pub fn instance(mut self, instance: u64) -> Self {
+        self.instance = Some(instance);
         self
     }
 
@@ -149,9 +170,11 @@ impl<S: Store + 'static> HybridStoreBuilder<S> {
     /// assert_eq!(granted, 5);
     /// ```
     pub fn build_manual(self) -> HybridStore<S> {
+        let instance = self.instance.unwrap_or_else(random_u64) % self.instances;
         let shared = Arc::new(Shared {
             store: self.store,
             instances: self.instances,
+            instance,
             sync_every: crate::clock::nanos(self.sync_every),
             keys: Mutex::new(HashMap::new()),
         });
@@ -185,8 +208,28 @@ async fn sync_loop<S: Store>(shared: std::sync::Weak<Shared<S>>, every: Duration
     }
 }
 
-fn share(units: u64, instances: u64) -> u64 {
-    units.div_ceil(instances)
+/// A random number, from the standard library's per-process hash keys.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0u64)
+}
+
+/// FNV-1a: the same value for a key on every instance (std's hashers are seeded per process).
+fn key_hash(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl<S> Shared<S> {
+    /// This instance's share of `units` for `key`: `⌊(units + slot) / k⌋`, the slots of a key
+    /// distinct across distinctly numbered instances, so the `k` shares sum to `units`.
+    fn share(&self, key: &str, units: u64) -> u64 {
+        let k = self.instances;
+        let slot = (self.instance + key_hash(key) % k) % k;
+        // Written so that `units + slot` cannot overflow: ⌊(u + s)/k⌋ = ⌊u/k⌋ + ⌊(u%k + s)/k⌋.
+        units / k + (units % k + slot) / k
+    }
 }
 
 impl<S: Store> Shared<S> {
@@ -233,14 +276,16 @@ impl<S: Store> Shared<S> {
         }
         let mut keys = self.keys.lock();
         for ((key, quota, pending), result) in batch.into_iter().zip(results) {
-            let Some(entry) = keys.get_mut(&(key, quota.algorithm())) else {
+            let id = (key, quota.algorithm());
+            let Some(entry) = keys.get_mut(&id) else {
                 continue;
             };
             match result {
                 Ok(global) => {
                     // Granted here since the snapshot was taken count against the new share.
-                    entry.allowance =
-                        share(global.remaining, self.instances).saturating_sub(entry.pending);
+                    entry.allowance = self
+                        .share(&id.0, global.remaining)
+                        .saturating_sub(entry.pending);
                     entry.global = Some(global);
                 }
                 Err(e) if e.is_transient() => entry.pending += pending,
@@ -273,7 +318,7 @@ impl<S: Store> HybridStore<S> {
             .entry((Box::from(key), quota.algorithm()))
             .or_insert_with(|| Entry {
                 quota: *quota,
-                allowance: share(quota.burst(), shared.instances),
+                allowance: shared.share(key, quota.burst()),
                 pending: 0,
                 global: None,
                 idle: 0,
@@ -350,32 +395,100 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::store::MemoryStore;
 
+    type Memory = Arc<MemoryStore<ManualClock>>;
+
+    /// `k` numbered instances over one memory store, syncing only when told.
+    fn fleet(k: u64) -> (Vec<HybridStore<Memory>>, Memory) {
+        let clock = ManualClock::new(1 << 40);
+        let memory = Arc::new(MemoryStore::builder().clock(clock).build());
+        let fleet = (0..k)
+            .map(|i| {
+                HybridStore::builder(memory.clone())
+                    .instances(k)
+                    .instance(i)
+                    .build_manual()
+            })
+            .collect();
+        (fleet, memory)
+    }
+
+    /// Grants on `store` until it denies.
+    #[allow(clippy::unwrap_used)] // a test helper: a failing store fails the test
+    async fn drain(store: &HybridStore<Memory>, key: &str, q: &Quota) -> u64 {
+        let mut granted = 0;
+        while store.check(Ask::new(key, q)).await.unwrap().allowed {
+            granted += 1;
+            assert!(granted <= q.burst(), "granted more than the burst");
+        }
+        granted
+    }
+
     #[tokio::test]
     async fn grants_its_share_between_syncs_and_pushes_counts() {
-        let clock = ManualClock::new(1 << 40);
-        let memory = MemoryStore::builder().clock(clock.clone()).build();
-        let store = HybridStore::builder(memory)
-            .instances(3)
-            .sync_every(Duration::from_secs(3600))
-            .build();
+        let (fleet, memory) = fleet(3);
+        let store = &fleet[0];
         let q = Quota::per_hour(30);
-        // Before any sync: ⌈30 / 3⌉ = 10.
-        for _ in 0..10 {
-            assert!(store.check(Ask::new("k", &q)).await.unwrap().allowed);
-        }
-        assert!(!store.check(Ask::new("k", &q)).await.unwrap().allowed);
+        // Before any sync: 30 / 3 = 10.
+        assert_eq!(drain(store, "k", &q).await, 10);
         store.sync_now().await;
-        // The store has 10 of 30 used: ⌈20 / 3⌉ = 7 more here.
-        assert_eq!(store.inner().peek("k", &q).await.unwrap().remaining, 20);
-        for _ in 0..7 {
-            assert!(store.check(Ask::new("k", &q)).await.unwrap().allowed);
-        }
+        assert_eq!(memory.peek("k", &q).await.unwrap().remaining, 20);
+        // Its share of the 20 left: 6 or 7, as its slot for "k" says.
+        let share = drain(store, "k", &q).await;
+        assert!((6..=7).contains(&share), "{share}");
         let d = store.check(Ask::new("k", &q)).await.unwrap();
         assert!(!d.allowed);
-        assert_eq!(d.remaining, 13);
+        assert_eq!(d.remaining, 20 - share);
         // Refunds come out of pending first.
         store.refund("k", &q, 2).await.unwrap();
         store.sync_now().await;
-        assert_eq!(store.inner().peek("k", &q).await.unwrap().remaining, 15);
+        assert_eq!(memory.peek("k", &q).await.unwrap().remaining, 22 - share);
+    }
+
+    #[tokio::test]
+    async fn numbered_instances_share_exactly_what_is_left() {
+        let q = Quota::per_hour(100);
+        for k in [2u64, 3, 7] {
+            for left in [0u64, 1, 2, 5, 13, 99] {
+                let (fleet, memory) = fleet(k);
+                // Use up all but `left` in the store, then let every instance see it.
+                let key = format!("key-{k}-{left}");
+                let used = Ask::new(&key, &q).cost(100 - left);
+                assert!(memory.check(used).await.unwrap().allowed);
+                for store in &fleet {
+                    let _registered = store.check(Ask::new(&key, &q).cost(0)).await.unwrap();
+                    store.sync_now().await;
+                }
+                let mut granted = 0;
+                for store in &fleet {
+                    granted += drain(store, &key, &q).await;
+                }
+                // Not k · ⌈left / k⌉ (one unit left would be granted k times): exactly `left`.
+                assert_eq!(granted, left, "k = {k}, left = {left}");
+            }
+        }
+    }
+
+    #[test]
+    fn shares_sum_to_the_units_for_every_key() {
+        for k in 1..=9u64 {
+            let shareds: Vec<Shared<()>> = (0..k)
+                .map(|instance| Shared {
+                    store: (),
+                    instances: k,
+                    instance,
+                    sync_every: 1,
+                    keys: Mutex::new(HashMap::new()),
+                })
+                .collect();
+            for key in ["a", "b", "user:42", ""] {
+                for units in [0, 1, 2, k - 1, k, k + 1, 1000, u64::MAX] {
+                    let total: u128 = shareds
+                        .iter()
+                        .map(|s| u128::from(s.share(key, units)))
+                        .sum();
+                    assert_eq!(total, u128::from(units), "k {k} key {key:?} units {units}");
+                }
+            }
+        }
     }
 }
