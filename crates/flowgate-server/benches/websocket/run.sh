@@ -22,7 +22,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 SECS=${1:-5}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build --release -p flowgate-server --bin flowgate --example ws_bench >&2
+# NO_BUILD=1 uses the binaries already built.
+[ "${NO_BUILD:-0}" = 1 ] || cargo build --release -p flowgate-server --bin flowgate --example ws_bench >&2
 BIN=$CARGO_TARGET_DIR/release
 ECHO=19801 GW=19802 HTTP=19803 GRPC=19804
 # 10,000 idle connections take 20,000 descriptors in the gateway.
