@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -31,7 +32,21 @@ pub struct ServerConfig {
     pub upstream: Option<Upstream>,
     /// Strict readiness: `/readyz` fails while the store does not answer (default off).
     pub ready_requires_store: bool,
+    /// After the shutdown signal, how long everything is still served while `/readyz` answers
+    /// 503, so that load balancers stop sending before the listeners close (0 here;
+    /// `flowgate serve` defaults to [`DEFAULT_DRAIN_PERIOD`]).
+    pub drain_period: Duration,
+    /// Once the listeners stop accepting, how long requests, streams and WebSocket
+    /// connections in flight may take before their connections are closed.
+    pub grace_period: Duration,
 }
+
+/// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
+/// typical load balancer.
+pub const DEFAULT_DRAIN_PERIOD: Duration = Duration::from_secs(5);
+
+/// The default [`ServerConfig::grace_period`].
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -41,6 +56,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("watch", &self.watch)
             .field("noop", &self.noop)
             .field("upstream", &self.upstream)
+            .field("drain_period", &self.drain_period)
+            .field("grace_period", &self.grace_period)
             .finish_non_exhaustive()
     }
 }
@@ -58,6 +75,8 @@ impl ServerConfig {
             noop: false,
             upstream: None,
             ready_requires_store: false,
+            drain_period: Duration::ZERO,
+            grace_period: DEFAULT_GRACE_PERIOD,
         })
     }
 }
@@ -76,7 +95,15 @@ pub struct Listeners {
     pub websocket: Option<TcpListener>,
 }
 
-/// Serves until `shutdown` completes, then finishes in-flight requests and returns.
+/// Serves until `shutdown` completes, then drains and returns:
+///
+/// 1. `/readyz` answers 503 (`"draining": true`) while everything is still served, for
+///    [`ServerConfig::drain_period`];
+/// 2. every listener stops accepting; requests, response streams and WebSocket connections in
+///    flight get up to [`ServerConfig::grace_period`] to finish (WebSocket relays are closed
+///    with 1001 at once), then their connections are closed.
+///
+/// A server that fails ends the others at once (no drain period).
 ///
 /// Fails at once (`InvalidInput`) when a gateway listener is given without an upstream, or
 /// when the policy does not say which domain the gateway checks (several files and no
@@ -101,6 +128,7 @@ pub async fn run(
         )),
     };
     let noop = config.noop;
+    let (drain_period, grace_period) = (config.drain_period, config.grace_period);
     let service = Arc::new(Service::new(config.policy, config.backend));
     service.require_store_for_readiness(config.ready_requires_store);
     let (stop, stopped) = watch::channel(false);
@@ -146,7 +174,12 @@ pub async fn run(
     }
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
         let gateway = Arc::new(Gateway::new(service.clone(), upstream, fallback));
-        tasks.spawn(gateway::serve(listener, gateway, signal(stopped.clone())));
+        tasks.spawn(gateway::serve(
+            listener,
+            gateway,
+            signal(stopped.clone()),
+            grace_period,
+        ));
     }
     if let Some(listener) = listeners.websocket {
         let gateway = WsGateway::new(service.clone());
@@ -154,20 +187,26 @@ pub async fn run(
             listener,
             gateway,
             signal(stopped.clone()),
+            grace_period,
         ));
     }
     drop(stopped);
 
     // Stop everything when asked, or as soon as one server fails.
     let mut result = Ok(());
+    let mut asked = false;
     tokio::pin!(shutdown);
     loop {
         if tasks.is_empty() {
             shutdown.as_mut().await;
+            asked = true;
             break;
         }
         tokio::select! {
-            () = shutdown.as_mut() => break,
+            () = shutdown.as_mut() => {
+                asked = true;
+                break;
+            }
             joined = tasks.join_next() => match joined {
                 Some(Ok(Ok(()))) | None => {}
                 Some(Ok(Err(e))) => {
@@ -181,13 +220,34 @@ pub async fn run(
             },
         }
     }
+    service.start_draining();
+    if asked && !drain_period.is_zero() {
+        tracing::info!(
+            "draining: /readyz answers 503; still serving for {}",
+            humantime::format_duration(drain_period)
+        );
+        tokio::time::sleep(drain_period).await;
+    }
+    tracing::info!(
+        "no longer accepting connections; up to {} for the ones in flight",
+        humantime::format_duration(grace_period)
+    );
     let _ = stop.send(true);
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok(Err(e)) = joined
-            && result.is_ok()
-        {
-            result = Err(e);
+    let finished = async {
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok(Err(e)) = joined
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
         }
+    };
+    if tokio::time::timeout(grace_period, finished).await.is_err() {
+        tracing::warn!(
+            "connections still busy after the grace period ({}); closing them",
+            humantime::format_duration(grace_period)
+        );
+        tasks.abort_all();
     }
     result
 }

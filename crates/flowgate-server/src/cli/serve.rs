@@ -66,6 +66,14 @@ pub struct ServeArgs {
     /// instance out of the load balancer at once.
     #[arg(long)]
     pub ready_requires_store: bool,
+    /// On SIGTERM or ctrl-c, how long to keep serving while `/readyz` answers 503, so that
+    /// load balancers take the instance out before its listeners close (`0s`: none).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub drain_period: Duration,
+    /// After the drain period, how long requests, streams and WebSocket connections in flight
+    /// may take before their connections are closed.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grace_period: Duration,
     /// Address of the WebSocket gateway, served when a configuration file has a `websocket`
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
     #[arg(long, value_name = "ADDR")]
@@ -86,6 +94,8 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     };
     config.noop = args.noop;
     config.ready_requires_store = args.ready_requires_store;
+    config.drain_period = args.drain_period;
+    config.grace_period = args.grace_period;
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,

@@ -55,10 +55,6 @@ use crate::config::gateway::GatewayConfig;
 use crate::config::{DEFAULT_POLICY_NAME, Policy};
 use crate::metrics::{Api, GatewayOutcome};
 
-/// How long a stopping gateway waits for responses in flight (long streams included) before
-/// closing their connections.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-
 pub use pool::UpstreamBody;
 
 /// The response body: the upstream's, streamed, or one the gateway wrote.
@@ -259,11 +255,13 @@ impl Gateway {
 }
 
 /// Serves `gateway` on `listener` until `shutdown` completes; then stops accepting and waits
-/// up to [`SHUTDOWN_GRACE`] for responses in flight.
+/// up to `grace` for responses in flight (long streams included) before closing their
+/// connections.
 pub async fn serve(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -296,13 +294,13 @@ pub async fn serve(
         });
     }
     drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+    if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!(
             "gateway: responses still in flight after {}; closing their connections",
-            humantime::format_duration(SHUTDOWN_GRACE)
+            humantime::format_duration(grace)
         );
     }
     Ok(())

@@ -46,10 +46,6 @@ use tokio::sync::{mpsc, watch};
 use crate::api::{Active, Service};
 use crate::config::websocket::WebSocketConfig;
 
-/// How long a stopping WebSocket gateway waits for its connections to finish their close
-/// handshakes before dropping them.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
 /// The name the rate of new connections is reported under in `RateLimit-Policy`.
 pub const CONNECT_LIMIT_NAME: &str = "ws_connect";
 
@@ -380,12 +376,13 @@ fn add(a: &mut WsStatsSnapshot, b: &WsStatsSnapshot) {
 }
 
 /// Serves the WebSocket gateway on `listener` until `shutdown` completes; then stops
-/// accepting, closes every relayed connection with 1001 on both sides and waits up to
-/// [`SHUTDOWN_GRACE`] for them to finish.
+/// accepting, closes every relayed connection with 1001 on both sides and waits up to `grace`
+/// for them to finish.
 pub async fn serve(
     listener: TcpListener,
     gateway: Arc<WsGateway>,
     shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
 ) -> std::io::Result<()> {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new());
@@ -436,10 +433,10 @@ pub async fn serve(
     let drained = async {
         let _ = gateway.drained.lock().await.recv().await;
     };
-    if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
+    if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!(
             "websocket gateway: connections still closing after {}; dropping them",
-            humantime::format_duration(SHUTDOWN_GRACE)
+            humantime::format_duration(grace)
         );
     }
     Ok(())
