@@ -188,6 +188,16 @@ impl reload::Target for Service {
         self.active.load().policy.digest
     }
 
+    fn current_references(&self) -> Vec<std::path::PathBuf> {
+        let active = self.active.load();
+        active
+            .policy
+            .references
+            .iter()
+            .map(|r| r.path.clone())
+            .collect()
+    }
+
     fn install(&self, policy: Policy) {
         let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(

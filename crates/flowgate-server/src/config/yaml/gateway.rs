@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::pos;
+use crate::config::Reference;
 use crate::config::error::ConfigError;
 use crate::config::gateway::{DEFAULT_UPSTREAM_TIMEOUT, EntryConfig, GatewayConfig, Source};
 
@@ -78,6 +79,7 @@ pub(super) fn convert_gateway(
     g: GatewayYaml,
     at_section: (u64, u64),
     errors: &mut Vec<ConfigError>,
+    references: &mut Vec<Reference>,
 ) -> Option<GatewayConfig> {
     let before = errors.len();
     let mut error = |at: (u64, u64), field: &str, message: String| {
@@ -161,7 +163,7 @@ pub(super) fn convert_gateway(
     let jwt = g
         .jwt
         .as_ref()
-        .and_then(|j| convert_jwt(file, j, &mut error));
+        .and_then(|j| convert_jwt(file, j, references, &mut error));
 
     let mut descriptors = Vec::new();
     match &g.descriptors {
@@ -225,10 +227,11 @@ pub(super) fn convert_gateway(
 }
 
 /// Builds the verifier of a `jwt` block; reports what is wrong with it through `error` (field
-/// names relative to the section).
+/// names relative to the section) and notes its key file in `references`.
 pub(super) fn convert_jwt(
     file: &Path,
     j: &Spanned<JwtYaml>,
+    references: &mut Vec<Reference>,
     error: &mut impl FnMut((u64, u64), &str, String),
 ) -> Option<Jwt> {
     let at = pos(&j.referenced);
@@ -249,7 +252,9 @@ pub(super) fn convert_jwt(
                 .parent()
                 .unwrap_or_else(|| Path::new(""))
                 .join(&key_file.value);
-            let built = std::fs::read(&path)
+            let read = std::fs::read(&path);
+            references.push(Reference::new(&path, read.as_deref().ok()));
+            let built = read
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))
                 .and_then(|pem| {
                     Jwt::rs256_pem(&pem).map_err(|e| {
