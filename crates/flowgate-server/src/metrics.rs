@@ -23,6 +23,11 @@
 //! (connections opened to the upstream; with keep-alive working it stays far below the
 //! forwarded responses) and `flowgate_gateway_upstream_idle_connections`.
 //!
+//! Every client-facing listener (see [`crate::listen`]):
+//! `flowgate_listener_connections{listener}`, `flowgate_listener_refused_connections_total{listener}`
+//! `flowgate_listener_timeouts_total{listener}` and `flowgate_listener_oversized_heads_total{listener}`,
+//! `listener` = http, gateway, websocket.
+//!
 //! The WebSocket gateway, read from its limiters at each scrape (summed over the running one
 //! and those a reload replaced while their connections live on):
 //! `flowgate_ws_decisions_total{direction,scope,outcome}` (per layer: allowed, rejected,
@@ -121,6 +126,13 @@ pub struct ApiLabel {
     pub api: &'static str,
 }
 
+/// Label of the listener metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// `http`, `gateway` or `websocket`.
+    pub listener: &'static str,
+}
+
 /// Label of the reload counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -173,6 +185,14 @@ pub struct Metrics {
     upstream: UpstreamMetrics,
     /// Where the WebSocket gateway's counters are read from, once it runs.
     websocket: WsSource,
+    /// Open connections per listener.
+    listener_open: Family<ListenerLabel, Gauge>,
+    /// Connections refused per listener.
+    listener_refused: Family<ListenerLabel, Counter>,
+    /// Request heads that came too late, per listener.
+    listener_timeouts: Family<ListenerLabel, Counter>,
+    /// Request heads that were too large, per listener.
+    listener_oversized: Family<ListenerLabel, Counter>,
 }
 
 /// Reads the WebSocket gateway's counters.
@@ -285,7 +305,35 @@ impl Metrics {
         );
         let websocket = WsSource::default();
         registry.register_collector(Box::new(WsCollector(websocket.clone())));
+        let listener_open = Family::<ListenerLabel, Gauge>::default();
+        registry.register(
+            "listener_connections",
+            "Client connections open now, per listener",
+            listener_open.clone(),
+        );
+        let listener_refused = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "listener_refused_connections",
+            "Client connections closed as soon as accepted because the listener was full",
+            listener_refused.clone(),
+        );
+        let listener_timeouts = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "listener_timeouts",
+            "Client connections closed because a request head did not arrive in time",
+            listener_timeouts.clone(),
+        );
+        let listener_oversized = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "listener_oversized_heads",
+            "Request heads over the size limit (answered 431), per listener",
+            listener_oversized.clone(),
+        );
         Metrics {
+            listener_oversized,
+            listener_open,
+            listener_refused,
+            listener_timeouts,
             websocket,
             registry,
             rules,
@@ -296,6 +344,17 @@ impl Metrics {
             latency,
             gateway,
             upstream,
+        }
+    }
+
+    /// The metrics of the listener named `listener`, for its [`Acceptor`](crate::listen::Acceptor).
+    pub fn listener(&self, listener: &'static str) -> crate::listen::ListenerMetrics {
+        let label = ListenerLabel { listener };
+        crate::listen::ListenerMetrics {
+            open: self.listener_open.get_or_create_owned(&label),
+            refused: self.listener_refused.get_or_create_owned(&label),
+            timeouts: self.listener_timeouts.get_or_create_owned(&label),
+            oversized: self.listener_oversized.get_or_create_owned(&label),
         }
     }
 

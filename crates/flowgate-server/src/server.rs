@@ -15,6 +15,7 @@ use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
 use crate::gateway::ws::{self as ws_gateway, WsGateway};
 use crate::gateway::{self, Gateway, Upstream};
+use crate::listen::{Acceptor, ListenLimits};
 
 /// What the server enforces and where it keeps its counters.
 pub struct ServerConfig {
@@ -39,6 +40,9 @@ pub struct ServerConfig {
     /// Once the listeners stop accepting, how long requests, streams and WebSocket
     /// connections in flight may take before their connections are closed.
     pub grace_period: Duration,
+    /// The connection cap and header read timeout of the HTTP API, gateway and WebSocket
+    /// gateway listeners.
+    pub listen: ListenLimits,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -58,6 +62,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("upstream", &self.upstream)
             .field("drain_period", &self.drain_period)
             .field("grace_period", &self.grace_period)
+            .field("listen", &self.listen)
             .finish_non_exhaustive()
     }
 }
@@ -77,6 +82,7 @@ impl ServerConfig {
             ready_requires_store: false,
             drain_period: Duration::ZERO,
             grace_period: DEFAULT_GRACE_PERIOD,
+            listen: ListenLimits::default(),
         })
     }
 }
@@ -129,6 +135,7 @@ pub async fn run(
     };
     let noop = config.noop;
     let (drain_period, grace_period) = (config.drain_period, config.grace_period);
+    let limits = config.listen;
     let service = Arc::new(Service::new(config.policy, config.backend));
     service.require_store_for_readiness(config.ready_requires_store);
     let (stop, stopped) = watch::channel(false);
@@ -148,8 +155,9 @@ pub async fn run(
             api::http::router(service.clone())
         };
         let shutdown = signal(stopped.clone());
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("http"));
         tasks.spawn(async move {
-            axum::serve(listener, router)
+            axum::serve(acceptor, router)
                 .with_graceful_shutdown(shutdown)
                 .await
         });
@@ -174,8 +182,9 @@ pub async fn run(
     }
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
         let gateway = Arc::new(Gateway::new(service.clone(), upstream, fallback));
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("gateway"));
         tasks.spawn(gateway::serve(
-            listener,
+            acceptor,
             gateway,
             signal(stopped.clone()),
             grace_period,
@@ -183,8 +192,9 @@ pub async fn run(
     }
     if let Some(listener) = listeners.websocket {
         let gateway = WsGateway::new(service.clone());
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("websocket"));
         tasks.spawn(ws_gateway::serve(
-            listener,
+            acceptor,
             gateway,
             signal(stopped.clone()),
             grace_period,

@@ -78,6 +78,19 @@ pub struct ServeArgs {
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
     #[arg(long, value_name = "ADDR")]
     pub websocket: Option<SocketAddr>,
+    /// Connections each client-facing listener (HTTP API, gateway, WebSocket gateway) holds
+    /// open at once; more are closed as soon as accepted, and counted.
+    #[arg(long, value_name = "N", default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// How long a client of the gateway or WebSocket gateway may take to send a request head,
+    /// on a new connection and between requests (so also how long an idle keep-alive
+    /// connection is kept).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+    /// The largest request head (request line and headers) the gateway and WebSocket gateway
+    /// read, in bytes; a larger one is answered 431.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::listen::DEFAULT_MAX_HEADER_BYTES)]
+    pub max_header_bytes: usize,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
@@ -96,6 +109,11 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     config.ready_requires_store = args.ready_requires_store;
     config.drain_period = args.drain_period;
     config.grace_period = args.grace_period;
+    config.listen = crate::listen::ListenLimits {
+        max_connections: args.max_connections,
+        header_read_timeout: args.header_read_timeout,
+        max_header_bytes: args.max_header_bytes,
+    };
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,

@@ -46,13 +46,13 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
 
 pub use upstream::{Upstream, UpstreamError};
 
 use crate::api::Service;
 use crate::config::gateway::GatewayConfig;
 use crate::config::{DEFAULT_POLICY_NAME, Policy};
+use crate::listen::Acceptor;
 use crate::metrics::{Api, GatewayOutcome};
 
 pub use pool::UpstreamBody;
@@ -254,11 +254,12 @@ impl Gateway {
     }
 }
 
-/// Serves `gateway` on `listener` until `shutdown` completes; then stops accepting and waits
+/// Serves `gateway` on `acceptor` until `shutdown` completes; then stops accepting and waits
 /// up to `grace` for responses in flight (long streams included) before closing their
-/// connections.
+/// connections. A request head must arrive within the acceptor's header read timeout (on a
+/// new connection and between requests on a kept-alive one).
 pub async fn serve(
-    listener: TcpListener,
+    acceptor: Acceptor,
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send,
     grace: Duration,
@@ -266,11 +267,12 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new());
+    crate::listen::configure(&mut http, acceptor.limits());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.as_mut() => break,
-            accepted = listener.accept() => match accepted {
+            accepted = acceptor.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
@@ -280,20 +282,21 @@ pub async fn serve(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
         let gateway = gateway.clone();
         let service = service_fn(move |request| {
             let gateway = gateway.clone();
             async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
         });
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let ended = acceptor.ended();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
+                ended.with_error(&e);
                 tracing::debug!(%peer, "gateway connection ended with an error: {e}");
             }
         });
     }
-    drop(listener);
+    drop(acceptor);
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()

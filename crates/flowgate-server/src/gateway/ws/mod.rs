@@ -40,11 +40,11 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{Active, Service};
 use crate::config::websocket::WebSocketConfig;
+use crate::listen::Acceptor;
 
 /// The name the rate of new connections is reported under in `RateLimit-Policy`.
 pub const CONNECT_LIMIT_NAME: &str = "ws_connect";
@@ -379,7 +379,7 @@ fn add(a: &mut WsStatsSnapshot, b: &WsStatsSnapshot) {
 /// accepting, closes every relayed connection with 1001 on both sides and waits up to `grace`
 /// for them to finish.
 pub async fn serve(
-    listener: TcpListener,
+    acceptor: Acceptor,
     gateway: Arc<WsGateway>,
     shutdown: impl Future<Output = ()> + Send,
     grace: Duration,
@@ -387,12 +387,12 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new());
     // The upgrade request must arrive promptly (slowloris).
-    http.header_read_timeout(Duration::from_secs(10));
+    crate::listen::configure(&mut http, acceptor.limits());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.as_mut() => break,
-            accepted = listener.accept() => match accepted {
+            accepted = acceptor.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!("websocket gateway: cannot accept a connection: {e}");
@@ -401,7 +401,6 @@ pub async fn serve(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
         let Some(guard) = gateway.guard() else { break };
         let mut stopping = gateway.stopping();
         let handler = gateway.clone();
@@ -412,6 +411,7 @@ pub async fn serve(
         let connection = http
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
+        let ended = acceptor.ended();
         tokio::spawn(async move {
             let _guard = guard;
             tokio::pin!(connection);
@@ -423,11 +423,12 @@ pub async fn serve(
                 }
             };
             if let Err(e) = result {
+                ended.with_error(&e);
                 tracing::debug!(%peer, "websocket gateway connection ended with an error: {e}");
             }
         });
     }
-    drop(listener);
+    drop(acceptor);
     let _ = gateway.stop.send(true);
     gateway.drain.lock().take();
     let drained = async {
