@@ -15,9 +15,12 @@
 //!   instance's share (`Flowgate-Fallback: local`), `closed` answers `503` with `Retry-After`
 //!   (`Flowgate-Fallback: closed`); a store error no mode handled is `503` too;
 //! * allowed: the request is forwarded with its method, path, query, headers and body, minus
-//!   the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via`; bodies stream
+//!   the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via` (a client's own
+//!   `X-Forwarded-For`/`Forwarded` replaced unless it is a trusted proxy or the section says
+//!   `forwarded: append`); bodies stream
 //!   both ways without buffering; the upstream's response gets the `RateLimit` headers;
-//! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`.
+//! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`
+//!   (generic problem bodies: the upstream's address and the error are logged, never sent).
 //!
 //! The gateway speaks HTTP/1.1 to clients and to the upstream (pooled keep-alive connections).
 //! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
@@ -50,7 +53,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 pub use upstream::{Upstream, UpstreamError};
 
 use crate::api::Service;
-use crate::config::gateway::GatewayConfig;
+use crate::config::gateway::{Forwarded, GatewayConfig};
 use crate::config::{DEFAULT_POLICY_NAME, Policy};
 use crate::listen::Acceptor;
 use crate::metrics::{Api, GatewayOutcome};
@@ -165,8 +168,11 @@ impl Gateway {
             answer = Some(decided);
         }
         let timeout = config.upstream_timeout;
+        let keep_earlier =
+            config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         drop(active);
-        self.forward(peer, parts, body, timeout, answer).await
+        self.forward(peer, parts, body, timeout, keep_earlier, answer)
+            .await
     }
 
     /// The 429 (or 503, 500) an answer that does not allow stands for.
@@ -195,6 +201,7 @@ impl Gateway {
         mut parts: Parts,
         body: Incoming,
         timeout: Duration,
+        keep_earlier: bool,
         answer: Option<Answer>,
     ) -> Response<Body> {
         // Origin form (`/path?query`): the upstream is a server, not a proxy.
@@ -204,21 +211,18 @@ impl Gateway {
         };
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
-        forward::add_forwarding(&mut parts.headers, peer.ip());
+        forward::add_forwarding(&mut parts.headers, peer.ip(), keep_earlier);
         parts.extensions = http::Extensions::new();
 
         let sent = self.pool.send(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(timeout, sent).await {
             Ok(Ok(response)) => response,
+            // Clients get a generic problem; what failed, and where, goes to the log only.
             Ok(Err(e)) => {
-                tracing::debug!(upstream = %self.upstream, "upstream request failed: {e}");
+                tracing::warn!(upstream = %self.upstream, "upstream request failed: {e}");
                 let detail = match e {
-                    pool::SendError::Connect(_) => {
-                        format!("cannot connect to the upstream {}", self.upstream)
-                    }
-                    pool::SendError::Http(_) => {
-                        format!("the upstream {} failed to answer", self.upstream)
-                    }
+                    pool::SendError::Connect(_) => "the upstream could not be reached",
+                    pool::SendError::Http(_) => "the upstream failed to answer",
                 };
                 return self.problem(
                     GatewayOutcome::BadGateway,
@@ -226,15 +230,16 @@ impl Gateway {
                 );
             }
             Err(_) => {
+                tracing::warn!(
+                    upstream = %self.upstream,
+                    "upstream did not answer within {}",
+                    humantime::format_duration(timeout)
+                );
                 return self.problem(
                     GatewayOutcome::GatewayTimeout,
                     Problem::status(
                         StatusCode::GATEWAY_TIMEOUT,
-                        format!(
-                            "the upstream {} did not answer within {}",
-                            self.upstream,
-                            humantime::format_duration(timeout)
-                        ),
+                        "the upstream did not answer in time",
                     ),
                 );
             }

@@ -14,7 +14,9 @@ use serde_saphyr::Spanned;
 use super::pos;
 use crate::config::Reference;
 use crate::config::error::ConfigError;
-use crate::config::gateway::{DEFAULT_UPSTREAM_TIMEOUT, EntryConfig, GatewayConfig, Source};
+use crate::config::gateway::{
+    DEFAULT_UPSTREAM_TIMEOUT, EntryConfig, Forwarded, GatewayConfig, Source,
+};
 
 /// The `gateway` section (see [`super::gateway`]).
 #[derive(Debug, Deserialize)]
@@ -38,6 +40,9 @@ pub(super) struct GatewayYaml {
     /// How long to wait for the upstream's response head.
     #[serde(default)]
     upstream_timeout: Option<Spanned<String>>,
+    /// `overwrite` or `append`: untrusted clients' forwarding fields.
+    #[serde(default)]
+    forwarded: Option<Spanned<String>>,
 }
 
 /// One entry of a gateway descriptor.
@@ -214,10 +219,24 @@ pub(super) fn convert_gateway(
         ),
     }
 
+    let forwarded = match g.forwarded.as_ref().map(|f| (f.value.as_str(), f)) {
+        None | Some(("overwrite", _)) => Forwarded::Overwrite,
+        Some(("append", _)) => Forwarded::Append,
+        Some((other, f)) => {
+            error(
+                pos(&f.referenced),
+                "forwarded",
+                format!("`{other}` is not `overwrite` or `append`"),
+            );
+            Forwarded::Overwrite
+        }
+    };
+
     if errors.len() > before {
         return None;
     }
     Some(GatewayConfig {
+        forwarded,
         domain: domain.to_owned(),
         listen,
         client_ip: ClientIp::new(trusted).peer_ip(peer),
