@@ -26,7 +26,8 @@
 //! Every client-facing listener (see [`crate::listen`]):
 //! `flowgate_listener_connections{listener}`, `flowgate_listener_refused_connections_total{listener}`
 //! `flowgate_listener_timeouts_total{listener}` and `flowgate_listener_oversized_heads_total{listener}`,
-//! `listener` = http, gateway, websocket.
+//! `listener` = http, gateway, websocket; `flowgate_http_oversized_bodies_total` (HTTP API
+//! requests refused with 413).
 //!
 //! The WebSocket gateway, read from its limiters at each scrape (summed over the running one
 //! and those a reload replaced while their connections live on):
@@ -193,6 +194,8 @@ pub struct Metrics {
     listener_timeouts: Family<ListenerLabel, Counter>,
     /// Request heads that were too large, per listener.
     listener_oversized: Family<ListenerLabel, Counter>,
+    /// HTTP API request bodies over the limit.
+    http_oversized_bodies: Counter,
 }
 
 /// Reads the WebSocket gateway's counters.
@@ -329,7 +332,14 @@ impl Metrics {
             "Request heads over the size limit (answered 431), per listener",
             listener_oversized.clone(),
         );
+        let http_oversized_bodies = Counter::default();
+        registry.register(
+            "http_oversized_bodies",
+            "HTTP API requests refused (413) because their body was over --max-body-bytes",
+            http_oversized_bodies.clone(),
+        );
         Metrics {
+            http_oversized_bodies,
             listener_oversized,
             listener_open,
             listener_refused,
@@ -356,6 +366,11 @@ impl Metrics {
             timeouts: self.listener_timeouts.get_or_create_owned(&label),
             oversized: self.listener_oversized.get_or_create_owned(&label),
         }
+    }
+
+    /// Counts an HTTP API request refused for its body's size.
+    pub fn oversized_body(&self) {
+        self.http_oversized_bodies.inc();
     }
 
     /// The gateway pool's metrics, for it to update.

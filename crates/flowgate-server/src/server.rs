@@ -43,6 +43,8 @@ pub struct ServerConfig {
     /// The connection cap and header read timeout of the HTTP API, gateway and WebSocket
     /// gateway listeners.
     pub listen: ListenLimits,
+    /// The largest request body the HTTP API reads (`413` beyond).
+    pub max_body_bytes: usize,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -83,6 +85,7 @@ impl ServerConfig {
             drain_period: Duration::ZERO,
             grace_period: DEFAULT_GRACE_PERIOD,
             listen: ListenLimits::default(),
+            max_body_bytes: api::DEFAULT_MAX_BODY_BYTES,
         })
     }
 }
@@ -138,6 +141,7 @@ pub async fn run(
     let limits = config.listen;
     let service = Arc::new(Service::new(config.policy, config.backend));
     service.require_store_for_readiness(config.ready_requires_store);
+    service.set_max_body_bytes(config.max_body_bytes);
     let (stop, stopped) = watch::channel(false);
     let signal = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

@@ -258,3 +258,34 @@ async fn metrics_count_hits_per_rule_with_bounded_labels() {
     assert!(text.contains("flowgate_config_version 1"));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_a_413_problem_and_counted() {
+    let server = api().await;
+    // The default limit: 64 KiB.
+    let padding = " ".repeat(70 * 1024);
+    for path in ["/v1/check", "/json"] {
+        let big = format!("{}{padding}", check_body("user", "big"));
+        let answer = server.post(path, &big).await;
+        assert_eq!(answer.status, 413, "{path}: {}", answer.body);
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(answer.json()["status"], 413);
+        assert!(
+            answer.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("65536 bytes")
+        );
+    }
+    assert_eq!(
+        server.metric("flowgate_http_oversized_bodies_total").await,
+        2.0
+    );
+    // Under it, the same padding is whitespace JSON accepts.
+    let fits = format!("{}{}", check_body("user", "fits"), " ".repeat(60 * 1024));
+    assert_eq!(server.post("/v1/check", &fits).await.status, 200);
+    server.stop().await;
+}

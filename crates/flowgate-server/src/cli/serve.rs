@@ -91,6 +91,10 @@ pub struct ServeArgs {
     /// read, in bytes; a larger one is answered 431.
     #[arg(long, value_name = "BYTES", default_value_t = crate::listen::DEFAULT_MAX_HEADER_BYTES)]
     pub max_header_bytes: usize,
+    /// The largest request body `/json` and `/v1/check` read, in bytes; a larger one is
+    /// answered 413 (problem+json).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::api::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
@@ -109,6 +113,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     config.ready_requires_store = args.ready_requires_store;
     config.drain_period = args.drain_period;
     config.grace_period = args.grace_period;
+    config.max_body_bytes = args.max_body_bytes;
     config.listen = crate::listen::ListenLimits {
         max_connections: args.max_connections,
         header_read_timeout: args.header_read_timeout,
