@@ -410,3 +410,55 @@ fn sigterm_closes_what_outlives_the_grace_period_and_still_exits_0() {
     assert!(matches!(client.read(&mut buf), Ok(0) | Err(_)));
     drop(release);
 }
+
+#[test]
+fn serve_takes_its_flags_from_flowgate_environment_variables_and_logs_json() {
+    let (http, grpc) = (free_port(), free_port());
+    let mut child = Command::new(FLOWGATE)
+        .arg("serve")
+        .env("FLOWGATE_HTTP", http.to_string())
+        .env("FLOWGATE_GRPC", grpc.to_string())
+        .env("FLOWGATE_MAX_BODY_BYTES", "100")
+        .env("FLOWGATE_DRAIN_PERIOD", "0s")
+        .env("FLOWGATE_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the server never came up on FLOWGATE_HTTP"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let big = format!(
+        r#"{{"domain":"default","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
+        "u".repeat(200)
+    );
+    let answer = common::http_post(http, "/v1/check", &big);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "flowgate serving" && l["level"] == "INFO"),
+        "{log}"
+    );
+}
