@@ -183,3 +183,25 @@ async fn rotating_a_key_file_is_a_change_and_a_broken_key_keeps_the_old_policy()
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_drops_the_series_of_removed_rules() {
+    let server = TestServer::start(&[("app.yaml", &policy(1000))]).await;
+    let mut rls = server.rls().await;
+    should(&mut rls, request("app", vec![descriptor(&[("team", "t")])])).await;
+    let team = "flowgate_hits_total{domain=\"app\",rule=\"team\"}";
+    assert_eq!(server.metric(team).await, 1.0);
+    // The same file without `team`.
+    let without: String = policy(1000)
+        .lines()
+        .filter(|l| !l.contains("team") && !l.contains("requests_per_unit: 10,"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!without.contains("team"), "{without}");
+    std::fs::write(&server.files[0], &without).unwrap();
+    wait_for_version(&server, 2).await;
+    let text = server.get("/metrics").await.body;
+    assert!(!text.contains("rule=\"team\""), "{text}");
+    assert!(text.contains("rule=\"user\""), "{text}");
+    server.stop().await;
+}
