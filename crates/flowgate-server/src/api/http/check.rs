@@ -236,7 +236,7 @@ pub(super) async fn check(
 ) -> Response {
     let body = match super::body_or_problem(&service, body) {
         Ok(body) => body,
-        Err(problem) => return problem,
+        Err(problem) => return problem.into_response(),
     };
     let (domain, descriptors, hits) = match parse_check(&body) {
         Ok(parsed) => parsed,

@@ -55,7 +55,7 @@ pub fn router(service: Arc<Service>) -> Router {
 pub(crate) fn body_or_problem(
     service: &Service,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Bytes, Response> {
+) -> Result<Bytes, Problem> {
     body.map_err(|rejection| {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -67,9 +67,8 @@ pub(crate) fn body_or_problem(
                     service.max_body_bytes()
                 ),
             )
-            .into_response()
         } else {
-            Problem::status(status, rejection.body_text()).into_response()
+            Problem::status(status, rejection.body_text())
         }
     })
 }
@@ -111,7 +110,7 @@ async fn json(
 ) -> Response {
     let body = match body_or_problem(&service, body) {
         Ok(body) => body,
-        Err(problem) => return problem,
+        Err(problem) => return problem.into_response(),
     };
     let (domain, descriptors, hits) = match parse_json(&body) {
         Ok(parsed) => parsed,
