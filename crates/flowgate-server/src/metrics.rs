@@ -33,7 +33,7 @@
 //! Every client-facing listener (see [`crate::listen`]):
 //! `flowgate_listener_connections{listener}`, `flowgate_listener_refused_connections_total{listener}`
 //! `flowgate_listener_timeouts_total{listener}` and `flowgate_listener_oversized_heads_total{listener}`,
-//! `listener` = http, gateway, websocket; `flowgate_http_oversized_bodies_total` (HTTP API
+//! `listener` = http, grpc, gateway, websocket; `flowgate_http_oversized_bodies_total` (HTTP API
 //! requests refused with 413).
 //!
 //! The WebSocket gateway, read from its limiters at each scrape (summed over the running one
@@ -151,7 +151,7 @@ pub struct ApiLabel {
 /// Label of the listener metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabel {
-    /// `http`, `gateway` or `websocket`.
+    /// `http`, `grpc`, `gateway` or `websocket`.
     pub listener: &'static str,
 }
 

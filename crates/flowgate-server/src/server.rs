@@ -40,8 +40,8 @@ pub struct ServerConfig {
     /// Once the listeners stop accepting, how long requests, streams and WebSocket
     /// connections in flight may take before their connections are closed.
     pub grace_period: Duration,
-    /// The connection cap and header read timeout of the HTTP API, gateway and WebSocket
-    /// gateway listeners.
+    /// The connection cap of every client-facing listener (HTTP and gRPC APIs, gateway,
+    /// WebSocket gateway), and the gateways' header limits.
     pub listen: ListenLimits,
     /// The largest request body the HTTP API reads (`413` beyond).
     pub max_body_bytes: usize,
@@ -174,12 +174,10 @@ pub async fn run(
         } else {
             grpc.add_service(api::grpc::Rls::server(service.clone()))
         };
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("grpc"));
         tasks.spawn(async move {
             router
-                .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    shutdown,
-                )
+                .serve_with_incoming_shutdown(acceptor.into_incoming(), shutdown)
                 .await
                 .map_err(std::io::Error::other)
         });

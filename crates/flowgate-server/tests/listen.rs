@@ -209,3 +209,49 @@ async fn a_request_head_over_the_size_limit_is_answered_431_and_counted() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_and_http_apis_are_capped_too() {
+    let upstream = Upstream::start().await;
+    let limits = ListenLimits {
+        max_connections: 2,
+        ..ListenLimits::default()
+    };
+    let server = gateway(&upstream, limits).await;
+    for (addr, listener) in [(server.grpc, "grpc"), (server.http, "http")] {
+        let held = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let open = format!("flowgate_listener_connections{{listener=\"{listener}\"}}");
+        // The test's own scrapes go to the HTTP API: count them only once they are done.
+        if listener == "grpc" {
+            wait_metric(&server, &open, 2.0).await;
+        }
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        assert!(until_closed(&mut extra).await.is_empty(), "{listener}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{listener}: refused slowly"
+        );
+        drop(held);
+        if listener == "grpc" {
+            wait_metric(
+                &server,
+                "flowgate_listener_refused_connections_total{listener=\"grpc\"}",
+                1.0,
+            )
+            .await;
+            // Freed slots serve gRPC again.
+            let mut rls = server.rls().await;
+            let answer = common::should(
+                &mut rls,
+                common::request("edge", vec![common::descriptor(&[("remote_address", "a")])]),
+            )
+            .await;
+            assert_eq!(answer.overall_code, common::OK);
+        }
+    }
+    server.stop().await;
+}

@@ -91,7 +91,7 @@ pub struct ServeArgs {
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
     #[arg(long, value_name = "ADDR", env = "FLOWGATE_WEBSOCKET")]
     pub websocket: Option<SocketAddr>,
-    /// Connections each client-facing listener (HTTP API, gateway, WebSocket gateway) holds
+    /// Connections each client-facing listener (HTTP and gRPC APIs, gateways) holds
     /// open at once; more are closed as soon as accepted, and counted.
     #[arg(long, value_name = "N", default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS, env = "FLOWGATE_MAX_CONNECTIONS")]
     pub max_connections: usize,

@@ -1,11 +1,11 @@
-//! Bounded listeners: every client-facing socket of the service (the HTTP API, the gateway and
-//! the WebSocket gateway) accepts through an [`Acceptor`], which holds at most
+//! Bounded listeners: every client-facing socket of the service (the HTTP and gRPC APIs, the
+//! gateway and the WebSocket gateway) accepts through an [`Acceptor`], which holds at most
 //! [`ListenLimits::max_connections`] connections open at once. A connection beyond that is
 //! accepted and closed at once (the client sees the connection end before any byte, instead
 //! of waiting in the kernel's backlog), and counted. Each accepted connection carries its slot
 //! ([`Limited`]) and gives it back when it is dropped, whatever path ends it.
 //!
-//! Metrics, per listener (`http`, `gateway`, `websocket`):
+//! Metrics, per listener (`http`, `grpc`, `gateway`, `websocket`):
 //! `flowgate_listener_connections{listener}` (open now),
 //! `flowgate_listener_refused_connections_total{listener}` (closed at once, over the cap) and
 //! `flowgate_listener_timeouts_total{listener}` (connections closed because the request head
@@ -238,6 +238,33 @@ impl AsyncWrite for Limited {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
+    }
+}
+
+/// tonic (the gRPC API) learns the peer from the connection.
+impl tonic::transport::server::Connected for Limited {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl Acceptor {
+    /// The connections it accepts, as the stream tonic serves (accept errors are logged and
+    /// retried after a pause, never ended on).
+    pub fn into_incoming(self) -> impl futures_util::Stream<Item = io::Result<Limited>> {
+        futures_util::stream::unfold(self, |acceptor| async move {
+            loop {
+                match acceptor.accept().await {
+                    Ok((connection, _)) => return Some((Ok(connection), acceptor)),
+                    Err(e) => {
+                        tracing::warn!("cannot accept a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        })
     }
 }
 
