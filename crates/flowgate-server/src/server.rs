@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub listen: ListenLimits,
     /// The largest request body the HTTP API reads (`413` beyond).
     pub max_body_bytes: usize,
+    /// Log every gateway request (`--access-log`).
+    pub access_log: bool,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -86,6 +88,7 @@ impl ServerConfig {
             grace_period: DEFAULT_GRACE_PERIOD,
             listen: ListenLimits::default(),
             max_body_bytes: api::DEFAULT_MAX_BODY_BYTES,
+            access_log: false,
         })
     }
 }
@@ -139,6 +142,7 @@ pub async fn run(
     let noop = config.noop;
     let (drain_period, grace_period) = (config.drain_period, config.grace_period);
     let limits = config.listen;
+    let access_log = config.access_log;
     let service = Arc::new(Service::new(config.policy, config.backend));
     service.require_store_for_readiness(config.ready_requires_store);
     service.set_max_body_bytes(config.max_body_bytes);
@@ -183,7 +187,8 @@ pub async fn run(
         });
     }
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
-        let gateway = Arc::new(Gateway::new(service.clone(), upstream, fallback));
+        let gateway =
+            Arc::new(Gateway::new(service.clone(), upstream, fallback).with_access_log(access_log));
         let acceptor = Acceptor::new(listener, limits, service.metrics().listener("gateway"));
         tasks.spawn(gateway::serve(
             acceptor,

@@ -462,3 +462,52 @@ fn serve_takes_its_flags_from_flowgate_environment_variables_and_logs_json() {
         "{log}"
     );
 }
+
+#[test]
+fn the_access_log_has_one_line_per_gateway_request_without_the_query() {
+    // Nothing listens upstream: the request is answered 502, and logged.
+    let (http, grpc, gateway, upstream) = (free_port(), free_port(), free_port(), free_port());
+    let mut child = Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--http",
+            &http.to_string(),
+            "--grpc",
+            &grpc.to_string(),
+        ])
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--gateway", &gateway.to_string(), "--drain-period", "0s"])
+        .args(["--access-log", "--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let answer = http_get(gateway, "/orders/7?token=s3cr3t").unwrap();
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    sigterm(&child);
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let access: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|l| l["target"] == "flowgate::access")
+        .collect();
+    assert_eq!(access.len(), 1, "{log}");
+    let fields = &access[0]["fields"];
+    assert_eq!(fields["method"], "GET");
+    assert_eq!(fields["path"], "/orders/7");
+    assert_eq!(fields["status"], 502);
+    assert!(fields["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert!(!log.contains("s3cr3t"), "{log}");
+}

@@ -108,6 +108,10 @@ pub struct ServeArgs {
     /// answered 413 (problem+json).
     #[arg(long, value_name = "BYTES", default_value_t = crate::api::DEFAULT_MAX_BODY_BYTES, env = "FLOWGATE_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
+    /// Log every gateway request at `info` under the target `flowgate::access` (peer, method,
+    /// path without the query, status, time to the response head).
+    #[arg(long, env = "FLOWGATE_ACCESS_LOG")]
+    pub access_log: bool,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true, env = "FLOWGATE_NOOP")]
@@ -146,6 +150,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     config.drain_period = args.drain_period;
     config.grace_period = args.grace_period;
     config.max_body_bytes = args.max_body_bytes;
+    config.access_log = args.access_log;
     config.listen = crate::listen::ListenLimits {
         max_connections: args.max_connections,
         header_read_timeout: args.header_read_timeout,

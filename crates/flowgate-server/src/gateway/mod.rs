@@ -73,6 +73,8 @@ pub struct Gateway {
     pool: pool::Pool,
     /// The section used while the running configuration has none.
     fallback: GatewayConfig,
+    /// Whether each request is logged (`--access-log`).
+    access_log: bool,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -124,11 +126,40 @@ impl Gateway {
             pool,
             upstream,
             fallback,
+            access_log: false,
         }
+    }
+
+    /// Logs every request (target `flowgate::access`, at `info`): peer, method, path without
+    /// the query (which may hold tokens), status and the time to the response head.
+    pub fn with_access_log(mut self, on: bool) -> Self {
+        self.access_log = on;
+        self
     }
 
     /// Answers one request from `peer`.
     pub async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+        if !self.access_log {
+            return self.answer(peer, request).await;
+        }
+        let started = std::time::Instant::now();
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let response = self.answer(peer, request).await;
+        tracing::info!(
+            target: "flowgate::access",
+            %peer,
+            %method,
+            path,
+            status = response.status().as_u16(),
+            head_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "request"
+        );
+        response
+    }
+
+    /// [`Gateway::handle`] without the access log.
+    async fn answer(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
         if parts.method == http::Method::CONNECT {
             return self.problem(
