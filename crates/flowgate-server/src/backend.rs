@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowgate::clock::PreciseClock;
+use flowgate::local::TableStats;
 use flowgate::store::{DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
 
@@ -18,6 +19,8 @@ pub struct Backend {
     store: Arc<dyn DynStore>,
     /// The fallback store, when the counters are shared.
     shared: Option<Arc<FallbackStore<Arc<dyn DynStore>, PreciseClock>>>,
+    /// The embedded memory store, when it is the store (for its key counts in metrics).
+    memory: Option<Arc<MemoryStore<PreciseClock>>>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -35,7 +38,7 @@ impl Default for Backend {
     /// clock would start a thread that wakes every millisecond (1.9 % of a pinned core while
     /// idle, preempting the worker on it).
     fn default() -> Self {
-        Backend::local(Arc::new(
+        Backend::memory(Arc::new(
             MemoryStore::builder().clock(PreciseClock::new()).build(),
         ))
     }
@@ -65,7 +68,24 @@ impl Backend {
         Backend {
             store,
             shared: None,
+            memory: None,
         }
+    }
+
+    /// Counters in this process's memory store, whose key counts [`Backend::memory_stats`]
+    /// reports.
+    pub fn memory(store: Arc<MemoryStore<PreciseClock>>) -> Self {
+        Backend {
+            store: store.clone(),
+            shared: None,
+            memory: Some(store),
+        }
+    }
+
+    /// The memory store's keys, bytes and active keys lost to its `max_keys` bound, when the
+    /// counters are in this process's memory store.
+    pub fn memory_stats(&self) -> Option<TableStats> {
+        self.memory.as_ref().map(|m| m.stats())
     }
 
     /// Counters in `store`, shared with other instances, behind a breaker and `options`.
@@ -80,6 +100,7 @@ impl Backend {
         Backend {
             store: fallback.clone(),
             shared: Some(fallback),
+            memory: None,
         }
     }
 

@@ -6,6 +6,7 @@
 //! * [`config`]: envoyproxy/ratelimit-compatible YAML, validation, reload;
 //! * [`api`]: the gRPC (Envoy RLS v3) and HTTP APIs over one [`api::Service`];
 //! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
+//! * [`listen`]: bounded listeners (connection cap, header read timeout);
 //! * [`metrics`]: Prometheus metrics;
 //! * [`server`]: `run(config, listeners, shutdown)`;
 //! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`.
@@ -15,5 +16,6 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod gateway;
+pub mod listen;
 pub mod metrics;
 pub mod server;

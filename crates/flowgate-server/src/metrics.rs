@@ -5,7 +5,9 @@
 //! `flowgate_within_limit_total`, `flowgate_shadow_mode_total` (denials let through by shadow
 //! mode). Labels are `domain` and `rule` (the rule's path in its tree), so their number is
 //! bounded by the number of rules; a rule with `detailed_metric: true` gets one series per
-//! descriptor value instead. Limit overrides sent by clients are counted under
+//! descriptor value instead, up to [`MAX_DETAILED_SERIES`] in all (beyond, its values are
+//! counted in the rule's own series and `flowgate_detailed_metric_overflow_total`). A reload
+//! drops the series of rules it removed (and their detailed series). Limit overrides sent by clients are counted under
 //! `rule="_override"`.
 //!
 //! Service-wide: `flowgate_store_errors_total{kind}`, `flowgate_fallback_decisions_total{mode}`,
@@ -23,6 +25,17 @@
 //! (connections opened to the upstream; with keep-alive working it stays far below the
 //! forwarded responses) and `flowgate_gateway_upstream_idle_connections`.
 //!
+//! The embedded memory store (without `--redis`), read at each scrape:
+//! `flowgate_memory_store_keys`, `flowgate_memory_store_bytes` and
+//! `flowgate_memory_store_evicted_active_total` (active counters lost to the `max_keys` bound:
+//! each is a limit silently reset; alert on any increase).
+//!
+//! Every client-facing listener (see [`crate::listen`]):
+//! `flowgate_listener_connections{listener}`, `flowgate_listener_refused_connections_total{listener}`
+//! `flowgate_listener_timeouts_total{listener}` and `flowgate_listener_oversized_heads_total{listener}`,
+//! `listener` = http, grpc, gateway, websocket; `flowgate_http_oversized_bodies_total` (HTTP API
+//! requests refused with 413).
+//!
 //! The WebSocket gateway, read from its limiters at each scrape (summed over the running one
 //! and those a reload replaced while their connections live on):
 //! `flowgate_ws_decisions_total{direction,scope,outcome}` (per layer: allowed, rejected,
@@ -37,6 +50,7 @@
 use flowgate::FailMode;
 use flowgate::envoy::Rule;
 use flowgate::envoy::{AppliedLimit, DescriptorVerdict, Status};
+use flowgate::local::TableStats;
 use flowgate::store::{FallbackStats, StoreError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -48,6 +62,19 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::gateway::ws::WsTotals;
+
+/// The most `detailed_metric` series kept at once (over all rules): each is one per descriptor
+/// value, and values come from clients.
+pub const MAX_DETAILED_SERIES: usize = 1000;
+
+/// The per-rule series that exist, so that a reload can drop those of removed rules.
+#[derive(Debug, Default)]
+struct Series {
+    /// The running configuration's rules.
+    rules: std::collections::HashSet<RuleLabels>,
+    /// Detailed series, each with the rule it belongs to.
+    detailed: std::collections::HashMap<RuleLabels, RuleLabels>,
+}
 
 /// The API a decision was asked through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +148,13 @@ pub struct ApiLabel {
     pub api: &'static str,
 }
 
+/// Label of the listener metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// `http`, `grpc`, `gateway` or `websocket`.
+    pub listener: &'static str,
+}
+
 /// Label of the reload counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -173,6 +207,20 @@ pub struct Metrics {
     upstream: UpstreamMetrics,
     /// Where the WebSocket gateway's counters are read from, once it runs.
     websocket: WsSource,
+    /// Open connections per listener.
+    listener_open: Family<ListenerLabel, Gauge>,
+    /// Connections refused per listener.
+    listener_refused: Family<ListenerLabel, Counter>,
+    /// Request heads that came too late, per listener.
+    listener_timeouts: Family<ListenerLabel, Counter>,
+    /// Request heads that were too large, per listener.
+    listener_oversized: Family<ListenerLabel, Counter>,
+    /// HTTP API request bodies over the limit.
+    http_oversized_bodies: Counter,
+    /// The per-rule series that exist.
+    series: parking_lot::Mutex<Series>,
+    /// `detailed_metric` values counted in their rule's series because of the bound.
+    detailed_overflow: Counter,
 }
 
 /// Reads the WebSocket gateway's counters.
@@ -285,7 +333,50 @@ impl Metrics {
         );
         let websocket = WsSource::default();
         registry.register_collector(Box::new(WsCollector(websocket.clone())));
+        let listener_open = Family::<ListenerLabel, Gauge>::default();
+        registry.register(
+            "listener_connections",
+            "Client connections open now, per listener",
+            listener_open.clone(),
+        );
+        let listener_refused = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "listener_refused_connections",
+            "Client connections closed as soon as accepted because the listener was full",
+            listener_refused.clone(),
+        );
+        let listener_timeouts = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "listener_timeouts",
+            "Client connections closed because a request head did not arrive in time",
+            listener_timeouts.clone(),
+        );
+        let listener_oversized = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "listener_oversized_heads",
+            "Request heads over the size limit (answered 431), per listener",
+            listener_oversized.clone(),
+        );
+        let http_oversized_bodies = Counter::default();
+        registry.register(
+            "http_oversized_bodies",
+            "HTTP API requests refused (413) because their body was over --max-body-bytes",
+            http_oversized_bodies.clone(),
+        );
+        let detailed_overflow = Counter::default();
+        registry.register(
+            "detailed_metric_overflow",
+            "Hits of detailed_metric rules counted in the rule's own series because MAX_DETAILED_SERIES value series exist",
+            detailed_overflow.clone(),
+        );
         Metrics {
+            series: parking_lot::Mutex::default(),
+            detailed_overflow,
+            http_oversized_bodies,
+            listener_oversized,
+            listener_open,
+            listener_refused,
+            listener_timeouts,
             websocket,
             registry,
             rules,
@@ -297,6 +388,22 @@ impl Metrics {
             gateway,
             upstream,
         }
+    }
+
+    /// The metrics of the listener named `listener`, for its [`Acceptor`](crate::listen::Acceptor).
+    pub fn listener(&self, listener: &'static str) -> crate::listen::ListenerMetrics {
+        let label = ListenerLabel { listener };
+        crate::listen::ListenerMetrics {
+            open: self.listener_open.get_or_create_owned(&label),
+            refused: self.listener_refused.get_or_create_owned(&label),
+            timeouts: self.listener_timeouts.get_or_create_owned(&label),
+            oversized: self.listener_oversized.get_or_create_owned(&label),
+        }
+    }
+
+    /// Counts an HTTP API request refused for its body's size.
+    pub fn oversized_body(&self) {
+        self.http_oversized_bodies.inc();
     }
 
     /// The gateway pool's metrics, for it to update.
@@ -316,8 +423,36 @@ impl Metrics {
             .inc();
     }
 
-    /// The counters of each rule, indexed by `Rule::id`.
+    /// The counters of each rule of a new configuration, indexed by `Rule::id`; the series of
+    /// rules it no longer has (and their detailed series) stop being exported.
     pub fn rule_counters(&self, rules: &[Rule]) -> Vec<RuleCounters> {
+        let labels: std::collections::HashSet<RuleLabels> = rules
+            .iter()
+            .map(|rule| RuleLabels {
+                domain: rule.domain.clone(),
+                rule: rule.path.clone(),
+            })
+            .collect();
+        {
+            let mut series = self.series.lock();
+            let gone: Vec<RuleLabels> = series.rules.difference(&labels).cloned().collect();
+            for old in &gone {
+                self.remove_series(old);
+            }
+            let rules_now = &labels;
+            let mut dropped = Vec::new();
+            series.detailed.retain(|detail, rule| {
+                let keep = rules_now.contains(rule);
+                if !keep {
+                    dropped.push(detail.clone());
+                }
+                keep
+            });
+            for detail in &dropped {
+                self.remove_series(detail);
+            }
+            series.rules.clone_from(&labels);
+        }
         rules
             .iter()
             .map(|rule| {
@@ -327,6 +462,20 @@ impl Metrics {
                 })
             })
             .collect()
+    }
+
+    /// Stops exporting the per-rule series of `labels`.
+    fn remove_series(&self, labels: &RuleLabels) {
+        let f = &self.rules;
+        for family in [
+            &f.hits,
+            &f.over_limit,
+            &f.near_limit,
+            &f.within_limit,
+            &f.shadow_mode,
+        ] {
+            family.remove(labels);
+        }
     }
 
     fn counters(&self, labels: RuleLabels) -> RuleCounters {
@@ -374,11 +523,31 @@ impl Metrics {
                 }
             }
             Some(AppliedLimit::Rule(rule)) => {
-                owned = self.counters(RuleLabels {
+                let labels = RuleLabels {
                     domain: rule.domain.clone(),
                     rule: detail(),
-                });
-                &owned
+                };
+                let mut series = self.series.lock();
+                let known = series.detailed.contains_key(&labels);
+                if known || series.detailed.len() < MAX_DETAILED_SERIES {
+                    if !known {
+                        let of = RuleLabels {
+                            domain: rule.domain.clone(),
+                            rule: rule.path.clone(),
+                        };
+                        series.detailed.insert(labels.clone(), of);
+                    }
+                    drop(series);
+                    owned = self.counters(labels);
+                    &owned
+                } else {
+                    drop(series);
+                    self.detailed_overflow.inc();
+                    match counters.get(rule.id) {
+                        Some(c) => c,
+                        None => return,
+                    }
+                }
             }
             Some(AppliedLimit::Override(..)) => {
                 owned = self.counters(RuleLabels {
@@ -434,6 +603,12 @@ impl Metrics {
             .register_collector(Box::new(FallbackCollector(Box::new(stats))));
     }
 
+    /// Exports the memory store's key counts, read by `stats` at each scrape.
+    pub fn watch_memory(&mut self, stats: impl Fn() -> TableStats + Send + Sync + 'static) {
+        self.registry
+            .register_collector(Box::new(MemoryCollector(Box::new(stats))));
+    }
+
     /// Exports the WebSocket gateway's counters, read by `totals` at each scrape.
     pub fn watch_websocket(&self, totals: impl Fn() -> WsTotals + Send + Sync + 'static) {
         *self.websocket.0.lock() = Some(Box::new(totals));
@@ -445,6 +620,46 @@ impl Metrics {
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Reads the memory store's [`TableStats`] at each scrape.
+struct MemoryCollector(Box<dyn Fn() -> TableStats + Send + Sync>);
+
+impl std::fmt::Debug for MemoryCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryCollector")
+    }
+}
+
+impl Collector for MemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let stats = (self.0)();
+        let gauges = [
+            (
+                "memory_store_keys",
+                "Counters the in-memory store holds now",
+                stats.keys,
+            ),
+            (
+                "memory_store_bytes",
+                "Bytes the in-memory store's tables have allocated",
+                stats.bytes,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        let evicted = ConstCounter::new(stats.evicted_active);
+        let metric = encoder.encode_descriptor(
+            "memory_store_evicted_active",
+            "Active counters dropped because more than max_keys were active at once (each a silent limit reset)",
+            None,
+            evicted.metric_type(),
+        )?;
+        evicted.encode(metric)
     }
 }
 

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -14,6 +15,7 @@ use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
 use crate::gateway::ws::{self as ws_gateway, WsGateway};
 use crate::gateway::{self, Gateway, Upstream};
+use crate::listen::{Acceptor, ListenLimits};
 
 /// What the server enforces and where it keeps its counters.
 pub struct ServerConfig {
@@ -31,7 +33,28 @@ pub struct ServerConfig {
     pub upstream: Option<Upstream>,
     /// Strict readiness: `/readyz` fails while the store does not answer (default off).
     pub ready_requires_store: bool,
+    /// After the shutdown signal, how long everything is still served while `/readyz` answers
+    /// 503, so that load balancers stop sending before the listeners close (0 here;
+    /// `flowgate serve` defaults to [`DEFAULT_DRAIN_PERIOD`]).
+    pub drain_period: Duration,
+    /// Once the listeners stop accepting, how long requests, streams and WebSocket
+    /// connections in flight may take before their connections are closed.
+    pub grace_period: Duration,
+    /// The connection cap of every client-facing listener (HTTP and gRPC APIs, gateway,
+    /// WebSocket gateway), and the gateways' header limits.
+    pub listen: ListenLimits,
+    /// The largest request body the HTTP API reads (`413` beyond).
+    pub max_body_bytes: usize,
+    /// Log every gateway request (`--access-log`).
+    pub access_log: bool,
 }
+
+/// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
+/// typical load balancer.
+pub const DEFAULT_DRAIN_PERIOD: Duration = Duration::from_secs(5);
+
+/// The default [`ServerConfig::grace_period`].
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -41,6 +64,9 @@ impl std::fmt::Debug for ServerConfig {
             .field("watch", &self.watch)
             .field("noop", &self.noop)
             .field("upstream", &self.upstream)
+            .field("drain_period", &self.drain_period)
+            .field("grace_period", &self.grace_period)
+            .field("listen", &self.listen)
             .finish_non_exhaustive()
     }
 }
@@ -58,6 +84,11 @@ impl ServerConfig {
             noop: false,
             upstream: None,
             ready_requires_store: false,
+            drain_period: Duration::ZERO,
+            grace_period: DEFAULT_GRACE_PERIOD,
+            listen: ListenLimits::default(),
+            max_body_bytes: api::DEFAULT_MAX_BODY_BYTES,
+            access_log: false,
         })
     }
 }
@@ -76,7 +107,15 @@ pub struct Listeners {
     pub websocket: Option<TcpListener>,
 }
 
-/// Serves until `shutdown` completes, then finishes in-flight requests and returns.
+/// Serves until `shutdown` completes, then drains and returns:
+///
+/// 1. `/readyz` answers 503 (`"draining": true`) while everything is still served, for
+///    [`ServerConfig::drain_period`];
+/// 2. every listener stops accepting; requests, response streams and WebSocket connections in
+///    flight get up to [`ServerConfig::grace_period`] to finish (WebSocket relays are closed
+///    with 1001 at once), then their connections are closed.
+///
+/// A server that fails ends the others at once (no drain period).
 ///
 /// Fails at once (`InvalidInput`) when a gateway listener is given without an upstream, or
 /// when the policy does not say which domain the gateway checks (several files and no
@@ -101,8 +140,12 @@ pub async fn run(
         )),
     };
     let noop = config.noop;
+    let (drain_period, grace_period) = (config.drain_period, config.grace_period);
+    let limits = config.listen;
+    let access_log = config.access_log;
     let service = Arc::new(Service::new(config.policy, config.backend));
     service.require_store_for_readiness(config.ready_requires_store);
+    service.set_max_body_bytes(config.max_body_bytes);
     let (stop, stopped) = watch::channel(false);
     let signal = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -120,8 +163,9 @@ pub async fn run(
             api::http::router(service.clone())
         };
         let shutdown = signal(stopped.clone());
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("http"));
         tasks.spawn(async move {
-            axum::serve(listener, router)
+            axum::serve(acceptor, router)
                 .with_graceful_shutdown(shutdown)
                 .await
         });
@@ -134,40 +178,52 @@ pub async fn run(
         } else {
             grpc.add_service(api::grpc::Rls::server(service.clone()))
         };
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("grpc"));
         tasks.spawn(async move {
             router
-                .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    shutdown,
-                )
+                .serve_with_incoming_shutdown(acceptor.into_incoming(), shutdown)
                 .await
                 .map_err(std::io::Error::other)
         });
     }
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
-        let gateway = Arc::new(Gateway::new(service.clone(), upstream, fallback));
-        tasks.spawn(gateway::serve(listener, gateway, signal(stopped.clone())));
+        let gateway =
+            Arc::new(Gateway::new(service.clone(), upstream, fallback).with_access_log(access_log));
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("gateway"));
+        tasks.spawn(gateway::serve(
+            acceptor,
+            gateway,
+            signal(stopped.clone()),
+            grace_period,
+        ));
     }
     if let Some(listener) = listeners.websocket {
         let gateway = WsGateway::new(service.clone());
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("websocket"));
         tasks.spawn(ws_gateway::serve(
-            listener,
+            acceptor,
             gateway,
             signal(stopped.clone()),
+            grace_period,
         ));
     }
     drop(stopped);
 
     // Stop everything when asked, or as soon as one server fails.
     let mut result = Ok(());
+    let mut asked = false;
     tokio::pin!(shutdown);
     loop {
         if tasks.is_empty() {
             shutdown.as_mut().await;
+            asked = true;
             break;
         }
         tokio::select! {
-            () = shutdown.as_mut() => break,
+            () = shutdown.as_mut() => {
+                asked = true;
+                break;
+            }
             joined = tasks.join_next() => match joined {
                 Some(Ok(Ok(()))) | None => {}
                 Some(Ok(Err(e))) => {
@@ -181,13 +237,34 @@ pub async fn run(
             },
         }
     }
+    service.start_draining();
+    if asked && !drain_period.is_zero() {
+        tracing::info!(
+            "draining: /readyz answers 503; still serving for {}",
+            humantime::format_duration(drain_period)
+        );
+        tokio::time::sleep(drain_period).await;
+    }
+    tracing::info!(
+        "no longer accepting connections; up to {} for the ones in flight",
+        humantime::format_duration(grace_period)
+    );
     let _ = stop.send(true);
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok(Err(e)) = joined
-            && result.is_ok()
-        {
-            result = Err(e);
+    let finished = async {
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok(Err(e)) = joined
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
         }
+    };
+    if tokio::time::timeout(grace_period, finished).await.is_err() {
+        tracing::warn!(
+            "connections still busy after the grace period ({}); closing them",
+            humantime::format_duration(grace_period)
+        );
+        tasks.abort_all();
     }
     result
 }

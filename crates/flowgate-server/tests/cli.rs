@@ -225,3 +225,289 @@ fn sighup_with_the_builtin_policy_does_not_kill_the_server() {
     assert!(child.wait().unwrap().success());
     assert_eq!(log.matches("SIGHUP: nothing to reload").count(), 3, "{log}");
 }
+
+/// A one-connection upstream for the drain tests: answers its first request with a 10-byte
+/// body, sends the first 5 bytes at once and the rest when `release` says so (never, if it is
+/// dropped). Reports on `got` once the request has arrived.
+fn streaming_upstream() -> (
+    std::net::SocketAddr,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (got_tx, got) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if conn.read(&mut byte).unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+            .unwrap();
+        let _ = got_tx.send(());
+        if release_rx.recv().is_ok() {
+            let _ = conn.write_all(b"world");
+        }
+        // Hold the connection until the gateway closes it.
+        let _ = conn.read(&mut byte);
+    });
+    (addr, got, release)
+}
+
+/// Runs the binary as a gateway in front of `upstream` with the given drain and grace periods.
+fn gateway_child(
+    upstream: std::net::SocketAddr,
+    drain: &str,
+    grace: &str,
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    let (http, grpc, gateway) = (free_port(), free_port(), free_port());
+    let child = Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--http",
+            &http.to_string(),
+            "--grpc",
+            &grpc.to_string(),
+        ])
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--gateway", &gateway.to_string()])
+        .args(["--drain-period", drain, "--grace-period", grace])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, http, gateway)
+}
+
+/// Opens a response through the gateway and reads its head and first 5 body bytes.
+fn open_stream(gateway: std::net::SocketAddr, got: &std::sync::mpsc::Receiver<()>) -> TcpStream {
+    let mut client = TcpStream::connect(gateway).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    client
+        .write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    got.recv_timeout(Duration::from_secs(10))
+        .expect("the request reached the upstream");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !seen.ends_with(b"hello") {
+        let n = client.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(seen.starts_with(b"HTTP/1.1 200"), "{seen:?}");
+    client
+}
+
+fn sigterm(child: &std::process::Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no exit within {within:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_drains_then_stops_accepting_and_finishes_a_stream_in_flight() {
+    let (upstream, got, release) = streaming_upstream();
+    let (mut child, http, gateway) = gateway_child(upstream, "1500ms", "20s");
+    let ready = http_get(http, "/readyz").unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let mut client = open_stream(gateway, &got);
+
+    let signalled = Instant::now();
+    sigterm(&child);
+    // During the drain period: still serving, but unready.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let unready = loop {
+        let answer = http_get(http, "/readyz").expect("the API still serves while draining");
+        if answer.starts_with("HTTP/1.1 503") {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "/readyz never failed: {answer}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(unready.contains("\"draining\":true"), "{unready}");
+    assert!(
+        signalled.elapsed() < Duration::from_millis(1500),
+        "the drain period was over before /readyz failed; the test proves nothing"
+    );
+    assert!(child.try_wait().unwrap().is_none());
+
+    // After it: the listeners close, the stream in flight carries on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&gateway, Duration::from_secs(1)).is_ok() {
+        assert!(Instant::now() < deadline, "the gateway still accepts");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1500),
+        "stopped accepting before the drain period ended"
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited with a stream in flight"
+    );
+    release.send(()).unwrap();
+    let mut rest = Vec::new();
+    let mut buf = [0u8; 64];
+    while !rest.ends_with(b"world") {
+        let n = client.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream was cut: {rest:?}");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    let exit = wait_exit(&mut child, Duration::from_secs(10));
+    assert_eq!(exit.code(), Some(0), "{exit:?}");
+    assert!(http_get(http, "/healthz").is_none(), "no longer accepting");
+}
+
+#[test]
+fn sigterm_closes_what_outlives_the_grace_period_and_still_exits_0() {
+    let (upstream, got, release) = streaming_upstream();
+    let (mut child, _http, gateway) = gateway_child(upstream, "0s", "500ms");
+    let mut client = open_stream(gateway, &got);
+    let signalled = Instant::now();
+    sigterm(&child);
+    let exit = wait_exit(&mut child, Duration::from_secs(10));
+    assert_eq!(exit.code(), Some(0), "{exit:?}");
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(500),
+        "exited before the grace period ended"
+    );
+    // The stream never finished: its connection was closed.
+    let mut buf = [0u8; 64];
+    assert!(matches!(client.read(&mut buf), Ok(0) | Err(_)));
+    drop(release);
+}
+
+#[test]
+fn serve_takes_its_flags_from_flowgate_environment_variables_and_logs_json() {
+    let (http, grpc) = (free_port(), free_port());
+    let mut child = Command::new(FLOWGATE)
+        .arg("serve")
+        .env("FLOWGATE_HTTP", http.to_string())
+        .env("FLOWGATE_GRPC", grpc.to_string())
+        .env("FLOWGATE_MAX_BODY_BYTES", "100")
+        .env("FLOWGATE_DRAIN_PERIOD", "0s")
+        .env("FLOWGATE_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the server never came up on FLOWGATE_HTTP"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let big = format!(
+        r#"{{"domain":"default","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
+        "u".repeat(200)
+    );
+    let answer = common::http_post(http, "/v1/check", &big);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "flowgate serving" && l["level"] == "INFO"),
+        "{log}"
+    );
+}
+
+#[test]
+fn the_access_log_has_one_line_per_gateway_request_without_the_query() {
+    // Nothing listens upstream: the request is answered 502, and logged.
+    let (http, grpc, gateway, upstream) = (free_port(), free_port(), free_port(), free_port());
+    let mut child = Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--http",
+            &http.to_string(),
+            "--grpc",
+            &grpc.to_string(),
+        ])
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--gateway", &gateway.to_string(), "--drain-period", "0s"])
+        .args(["--access-log", "--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let answer = http_get(gateway, "/orders/7?token=s3cr3t").unwrap();
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    sigterm(&child);
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let access: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|l| l["target"] == "flowgate::access")
+        .collect();
+    assert_eq!(access.len(), 1, "{log}");
+    let fields = &access[0]["fields"];
+    assert_eq!(fields["method"], "GET");
+    assert_eq!(fields["path"], "/orders/7");
+    assert_eq!(fields["status"], 502);
+    assert!(fields["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert!(!log.contains("s3cr3t"), "{log}");
+}

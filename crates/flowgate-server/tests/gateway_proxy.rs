@@ -204,6 +204,11 @@ async fn an_unreachable_upstream_is_a_502_problem() {
     assert_eq!(answer.status, 502);
     assert_eq!(answer.header("content-type"), "application/problem+json");
     assert_eq!(answer.json()["status"], 502);
+    // Generic: the client learns nothing of the upstream's address or the error.
+    let body = answer.json().to_string();
+    assert!(!body.contains(&addr.port().to_string()), "{body}");
+    assert!(!body.contains("127.0.0.1"), "{body}");
+    assert!(!body.to_lowercase().contains("refused"), "{body}");
     server.stop().await;
 }
 
@@ -218,7 +223,43 @@ async fn a_slow_upstream_is_a_504_problem_after_the_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(answer.header("content-type"), "application/problem+json");
     assert_eq!(answer.json()["status"], 504);
+    let body = answer.json().to_string();
+    assert!(!body.contains(&upstream.addr.port().to_string()), "{body}");
     // The gateway still serves others.
     assert_eq!(get(&server, "/fine", &[]).await.status, 201);
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_clients_forwarding_fields_are_replaced_unless_appending_is_asked() {
+    let spoofed = [
+        ("x-forwarded-for", "203.0.113.9"),
+        ("forwarded", "for=203.0.113.9"),
+    ];
+    let cases = [
+        // Default: overwrite — the upstream sees only the real peer.
+        (PASS_ALL.to_owned(), "127.0.0.1", r#"for=127.0.0.1;host="#),
+        // `forwarded: append`: the chain is kept, this hop appended.
+        (
+            PASS_ALL.replace("gateway:\n", "gateway:\n  forwarded: append\n"),
+            "203.0.113.9, 127.0.0.1",
+            "for=203.0.113.9, for=127.0.0.1;host=",
+        ),
+        // From a trusted proxy the chain is always kept.
+        (
+            PASS_ALL.replace("gateway:\n", "gateway:\n  trusted_proxies: [127.0.0.0/8]\n"),
+            "203.0.113.9, 127.0.0.1",
+            "for=203.0.113.9, for=127.0.0.1;host=",
+        ),
+    ];
+    for (yaml, xff, forwarded) in cases {
+        let upstream = Upstream::start().await;
+        let server = gateway(&yaml, &upstream.url()).await;
+        assert_eq!(get(&server, "/f", &spoofed).await.status, 201);
+        let seen = upstream.seen();
+        assert_eq!(seen[0].headers["x-forwarded-for"], xff, "{yaml}");
+        let got = seen[0].headers["forwarded"].to_str().unwrap();
+        assert!(got.starts_with(forwarded), "{yaml}: {got}");
+        server.stop().await;
+    }
 }

@@ -258,3 +258,112 @@ async fn metrics_count_hits_per_rule_with_bounded_labels() {
     assert!(text.contains("flowgate_config_version 1"));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_a_413_problem_and_counted() {
+    let server = api().await;
+    // The default limit: 64 KiB.
+    let padding = " ".repeat(70 * 1024);
+    for path in ["/v1/check", "/json"] {
+        let big = format!("{}{padding}", check_body("user", "big"));
+        let answer = server.post(path, &big).await;
+        assert_eq!(answer.status, 413, "{path}: {}", answer.body);
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(answer.json()["status"], 413);
+        assert!(
+            answer.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("65536 bytes")
+        );
+    }
+    assert_eq!(
+        server.metric("flowgate_http_oversized_bodies_total").await,
+        2.0
+    );
+    // Under it, the same padding is whitespace JSON accepts.
+    let fits = format!("{}{}", check_body("user", "fits"), " ".repeat(60 * 1024));
+    assert_eq!(server.post("/v1/check", &fits).await.status, 200);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_stores_keys_and_active_evictions_are_exported() {
+    use flowgate::clock::PreciseClock;
+    use flowgate::store::MemoryStore;
+    use flowgate_server::backend::Backend;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.yaml");
+    std::fs::write(&path, API).unwrap();
+    let mut config = flowgate_server::server::ServerConfig::load(vec![path.clone()]).unwrap();
+    let store = MemoryStore::builder()
+        .clock(PreciseClock::new())
+        .max_keys(64)
+        .build();
+    config.backend = Backend::memory(Arc::new(store));
+    let server = TestServer::start_with(config, dir, vec![path]).await;
+    assert_eq!(server.metric("flowgate_memory_store_keys").await, 0.0);
+    assert_eq!(
+        server
+            .metric("flowgate_memory_store_evicted_active_total")
+            .await,
+        0.0
+    );
+    // Far more active users (each within its minute) than the store may hold.
+    for i in 0..1000 {
+        let answer = server
+            .post("/v1/check", &check_body("user", &format!("u{i}")))
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    let keys = server.metric("flowgate_memory_store_keys").await;
+    assert!(keys > 0.0 && keys < 1000.0, "{keys}");
+    assert!(server.metric("flowgate_memory_store_bytes").await > 0.0);
+    assert!(
+        server
+            .metric("flowgate_memory_store_evicted_active_total")
+            .await
+            > 0.0
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detailed_metric_series_are_bounded() {
+    let server = api().await;
+    let max = flowgate_server::metrics::MAX_DETAILED_SERIES;
+    for i in 0..max + 5 {
+        let answer = server
+            .post(
+                "/v1/check",
+                &check_body("ip", &format!("10.0.{}.{}", i / 256, i % 256)),
+            )
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    let text = server.get("/metrics").await.body;
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("flowgate_hits_total{domain=\"api\",rule=\"ip_"))
+        .count();
+    assert_eq!(series, max, "one series per value up to the bound");
+    assert_eq!(
+        server
+            .metric("flowgate_detailed_metric_overflow_total")
+            .await,
+        5.0
+    );
+    // The overflow is counted in the rule's own series.
+    assert_eq!(
+        server
+            .metric("flowgate_hits_total{domain=\"api\",rule=\"ip\"}")
+            .await,
+        5.0
+    );
+    server.stop().await;
+}

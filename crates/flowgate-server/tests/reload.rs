@@ -123,3 +123,85 @@ async fn a_broken_reload_keeps_the_running_policy() {
     assert_eq!(fresh.statuses[0].limit_remaining, 4);
     server.stop().await;
 }
+
+/// Polls until `series` reaches `at_least` (bounded: 10 s).
+async fn wait_for_metric(server: &TestServer, series: &str, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric(series).await < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{series} never reached {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_a_key_file_is_a_change_and_a_broken_key_keeps_the_old_policy() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let first =
+        std::fs::read(fixtures.join("flowgate/tests/fixtures/jwt-test-rs256.pub.pem")).unwrap();
+    let rotated =
+        std::fs::read(fixtures.join("flowgate-server/tests/fixtures/jwt-rotated-rs256.pub.pem"))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The key file in a directory of its own, as a mounted Kubernetes Secret would be.
+    std::fs::create_dir(dir.path().join("keys")).unwrap();
+    let key = dir.path().join("keys/jwt.pem");
+    std::fs::write(&key, &first).unwrap();
+    let file = dir.path().join("app.yaml");
+    std::fs::write(
+        &file,
+        "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\ngateway:\n  jwt: {rs256_public_key_file: keys/jwt.pem}\n  descriptors:\n    - [{key: jwt_claim, claim: sub, as: user}]\n",
+    )
+    .unwrap();
+    let config = flowgate_server::server::ServerConfig::load(vec![file.clone()]).unwrap();
+    let server = TestServer::start_with(config, dir, vec![file]).await;
+    let digest = || async { server.get("/v1/config").await.json()["digest"].clone() };
+    let before = digest().await;
+
+    // A key file that is no key: rejected, the running policy (and its key) stays.
+    std::fs::write(&key, b"not a key").unwrap();
+    wait_for_metric(
+        &server,
+        "flowgate_config_reloads_total{result=\"failed\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(server.get("/v1/config").await.json()["version"], 1);
+    assert_eq!(digest().await, before);
+
+    // A new key: a change, installed.
+    std::fs::write(&key, &rotated).unwrap();
+    wait_for_version(&server, 2).await;
+    assert_ne!(digest().await, before);
+    assert_eq!(
+        server
+            .metric("flowgate_config_reloads_total{result=\"ok\"}")
+            .await,
+        1.0
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_drops_the_series_of_removed_rules() {
+    let server = TestServer::start(&[("app.yaml", &policy(1000))]).await;
+    let mut rls = server.rls().await;
+    should(&mut rls, request("app", vec![descriptor(&[("team", "t")])])).await;
+    let team = "flowgate_hits_total{domain=\"app\",rule=\"team\"}";
+    assert_eq!(server.metric(team).await, 1.0);
+    // The same file without `team`.
+    let without: String = policy(1000)
+        .lines()
+        .filter(|l| !l.contains("team") && !l.contains("requests_per_unit: 10,"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!without.contains("team"), "{without}");
+    std::fs::write(&server.files[0], &without).unwrap();
+    wait_for_version(&server, 2).await;
+    let text = server.get("/metrics").await.body;
+    assert!(!text.contains("rule=\"team\""), "{text}");
+    assert!(text.contains("rule=\"user\""), "{text}");
+    server.stop().await;
+}

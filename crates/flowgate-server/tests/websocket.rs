@@ -489,9 +489,19 @@ async fn direct(upstream: &EchoUpstream, body: &str) -> Direct {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(serve(listener, gateway.clone(), async {
-        let _ = stopped.await;
-    }));
+    let acceptor = flowgate_server::listen::Acceptor::new(
+        listener,
+        flowgate_server::listen::ListenLimits::default(),
+        flowgate_server::listen::ListenerMetrics::default(),
+    );
+    let served = tokio::spawn(serve(
+        acceptor,
+        gateway.clone(),
+        async {
+            let _ = stopped.await;
+        },
+        Duration::from_secs(5),
+    ));
     Direct {
         gateway,
         addr,

@@ -10,7 +10,7 @@ mod problem;
 pub mod rls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ::http::HeaderValue;
@@ -67,7 +67,12 @@ pub struct Service {
     /// Whether `/readyz` also requires the store to answer (off by default: a store outage is
     /// what each rule's `fail` mode is for, and must not empty a load balancer's pool).
     ready_requires_store: AtomicBool,
+    /// The largest request body `/json` and `/v1/check` read (a larger one is a 413).
+    max_body_bytes: AtomicUsize,
 }
+
+/// The default largest body of an HTTP API request: an RLS request is a few hundred bytes.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -85,6 +90,10 @@ impl Service {
             let backend = backend.clone();
             metrics.watch_fallback(move || backend.fallback_stats().unwrap_or_default());
         }
+        if backend.memory_stats().is_some() {
+            let backend = backend.clone();
+            metrics.watch_memory(move || backend.memory_stats().unwrap_or_default());
+        }
         metrics.set_version(1);
         Service {
             active: ArcSwap::from_pointee(Active::new(policy, 1, &metrics)),
@@ -93,6 +102,7 @@ impl Service {
             version: AtomicU64::new(1),
             draining: AtomicBool::new(false),
             ready_requires_store: AtomicBool::new(false),
+            max_body_bytes: AtomicUsize::new(DEFAULT_MAX_BODY_BYTES),
         }
     }
 
@@ -100,6 +110,17 @@ impl Service {
     /// `--ready-requires-store`).
     pub fn require_store_for_readiness(&self, on: bool) {
         self.ready_requires_store.store(on, Ordering::Relaxed);
+    }
+
+    /// Sets the largest request body the HTTP API reads (takes effect for routers built
+    /// afterwards; `--max-body-bytes`).
+    pub fn set_max_body_bytes(&self, bytes: usize) {
+        self.max_body_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The largest request body the HTTP API reads.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes.load(Ordering::Relaxed)
     }
 
     /// Whether readiness requires the store.
@@ -186,6 +207,16 @@ fn detail_name(request: &Descriptor) -> String {
 impl reload::Target for Service {
     fn current_digest(&self) -> u64 {
         self.active.load().policy.digest
+    }
+
+    fn current_references(&self) -> Vec<std::path::PathBuf> {
+        let active = self.active.load();
+        active
+            .policy
+            .references
+            .iter()
+            .map(|r| r.path.clone())
+            .collect()
     }
 
     fn install(&self, policy: Policy) {

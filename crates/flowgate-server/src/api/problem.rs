@@ -22,6 +22,14 @@ impl Problem {
     }
 }
 
+impl Problem {
+    /// A problem with `status` for a request the HTTP layer refused before parsing (`413` for a
+    /// body over the limit).
+    pub(crate) fn status(status: StatusCode, detail: impl Into<String>) -> Self {
+        Problem(Body::status(status, detail))
+    }
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         self.0.into_response().map(axum::body::Body::from)

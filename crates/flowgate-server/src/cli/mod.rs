@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 pub use check_config::CheckConfigArgs;
 pub use loadgen::LoadgenArgs;
-pub use serve::ServeArgs;
+pub use serve::{LogFormat, ServeArgs};
 pub use simulate::SimulateArgs;
 
 /// Flowgate: a rate limiter for a whole fleet.
@@ -43,7 +43,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
-            init_logging();
+            init_logging(args.log_format);
             serve::run(args)
         }
         Command::CheckConfig(args) => check_config::run(&args),
@@ -52,14 +52,17 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn init_logging() {
-    tracing_subscriber::fmt()
+fn init_logging(format: serve::LogFormat) {
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+        );
+    match format {
+        serve::LogFormat::Text => logs.init(),
+        serve::LogFormat::Json => logs.json().init(),
+    }
 }
 
 /// A multi-threaded tokio runtime, or the reason there is none.

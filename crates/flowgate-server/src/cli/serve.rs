@@ -19,61 +19,122 @@ use crate::server::{self, Listeners, ServerConfig};
 pub struct ServeArgs {
     /// A configuration file (envoyproxy/ratelimit YAML, one domain per file); repeat for more.
     /// Without any, a built-in default policy is enforced (domain `default`).
-    #[arg(long = "config", value_name = "FILE")]
+    #[arg(long = "config", value_name = "FILE", env = "FLOWGATE_CONFIG")]
     pub config: Vec<PathBuf>,
     /// Address of the HTTP API.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8080", env = "FLOWGATE_HTTP")]
     pub http: SocketAddr,
     /// Address of the Envoy rate-limit gRPC API.
-    #[arg(long, default_value = "127.0.0.1:8081")]
+    #[arg(long, default_value = "127.0.0.1:8081", env = "FLOWGATE_GRPC")]
     pub grpc: SocketAddr,
     /// Count in Redis, so that every instance given the same Redis enforces one limit, e.g.
     /// `redis://127.0.0.1:6379/0`. Several URLs (repeated or comma-separated) are the seed
     /// nodes of a Redis Cluster. Without it, counters live in this process's memory.
-    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    /// (`--help` never shows `FLOWGATE_REDIS`'s value: it may hold a password.)
+    #[arg(
+        long,
+        value_name = "URL",
+        value_delimiter = ',',
+        env = "FLOWGATE_REDIS",
+        hide_env_values = true
+    )]
     pub redis: Vec<String>,
     /// Treat a single `--redis` URL as a Redis Cluster seed node.
-    #[arg(long, requires = "redis")]
+    #[arg(long, requires = "redis", env = "FLOWGATE_REDIS_CLUSTER")]
     pub redis_cluster: bool,
     /// Prefix of every Redis key (instances sharing a limit must use the same one).
     #[arg(
         long,
         value_name = "PREFIX",
         default_value = "flowgate:",
-        requires = "redis"
+        requires = "redis",
+        env = "FLOWGATE_REDIS_PREFIX"
     )]
     pub redis_prefix: String,
     /// Longest a Redis call may take before the request falls back to its rule's `fail` mode.
-    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = humantime::parse_duration, requires = "redis")]
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = humantime::parse_duration, requires = "redis", env = "FLOWGATE_REDIS_TIMEOUT")]
     pub redis_timeout: Duration,
     /// What rules without a `fail` field do while Redis is away: `open` (allow), `closed`
     /// (deny) or `local` (this instance's share of the limit, see `--instances`).
-    #[arg(long, value_name = "MODE", default_value = "open", value_parser = parse_fail_mode)]
+    #[arg(long, value_name = "MODE", default_value = "open", value_parser = parse_fail_mode, env = "FLOWGATE_FAIL")]
     pub fail: FailMode,
     /// How many instances share the Redis: with `fail: local`, each grants 1/N of a limit.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), env = "FLOWGATE_INSTANCES")]
     pub instances: u64,
     /// Runs the rate-limiting reverse proxy in front of this upstream (`http://host:port`);
     /// requests are checked with the configuration's `gateway` section (docs/service.md).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "FLOWGATE_UPSTREAM")]
     pub upstream: Option<Upstream>,
     /// Address of the gateway (with --upstream); overrides `gateway.listen`
     /// [default: 127.0.0.1:8000].
-    #[arg(long, value_name = "ADDR", requires = "upstream")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        requires = "upstream",
+        env = "FLOWGATE_GATEWAY"
+    )]
     pub gateway: Option<SocketAddr>,
     /// Strict readiness: `/readyz` answers 503 while the store (Redis) does not answer. Off by
     /// default: a Redis outage is what each rule's `fail` mode is for, and must not take every
     /// instance out of the load balancer at once.
-    #[arg(long)]
+    #[arg(long, env = "FLOWGATE_READY_REQUIRES_STORE")]
     pub ready_requires_store: bool,
+    /// On SIGTERM or ctrl-c, how long to keep serving while `/readyz` answers 503, so that
+    /// load balancers take the instance out before its listeners close (`0s`: none).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration, env = "FLOWGATE_DRAIN_PERIOD")]
+    pub drain_period: Duration,
+    /// After the drain period, how long requests, streams and WebSocket connections in flight
+    /// may take before their connections are closed.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration, env = "FLOWGATE_GRACE_PERIOD")]
+    pub grace_period: Duration,
     /// Address of the WebSocket gateway, served when a configuration file has a `websocket`
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "FLOWGATE_WEBSOCKET")]
     pub websocket: Option<SocketAddr>,
+    /// Connections each client-facing listener (HTTP and gRPC APIs, gateways) holds
+    /// open at once; more are closed as soon as accepted, and counted.
+    #[arg(long, value_name = "N", default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS, env = "FLOWGATE_MAX_CONNECTIONS")]
+    pub max_connections: usize,
+    /// How long a client of the gateway or WebSocket gateway may take to send a request head,
+    /// on a new connection and between requests (so also how long an idle keep-alive
+    /// connection is kept).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration, env = "FLOWGATE_HEADER_READ_TIMEOUT")]
+    pub header_read_timeout: Duration,
+    /// The largest request head (request line and headers) the gateway and WebSocket gateway
+    /// read, in bytes; a larger one is answered 431.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::listen::DEFAULT_MAX_HEADER_BYTES, env = "FLOWGATE_MAX_HEADER_BYTES")]
+    pub max_header_bytes: usize,
+    /// The largest request body `/json` and `/v1/check` read, in bytes; a larger one is
+    /// answered 413 (problem+json).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::api::DEFAULT_MAX_BODY_BYTES, env = "FLOWGATE_MAX_BODY_BYTES")]
+    pub max_body_bytes: usize,
+    /// Log every gateway request at `info` under the target `flowgate::access` (peer, method,
+    /// path without the query, status, time to the response head).
+    #[arg(long, env = "FLOWGATE_ACCESS_LOG")]
+    pub access_log: bool,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, env = "FLOWGATE_NOOP")]
     pub noop: bool,
+    /// How log lines are written to stderr: `text` for people, `json` (one object per line)
+    /// for log collectors.
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        value_enum,
+        default_value = "text",
+        env = "FLOWGATE_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// The format of `flowgate serve`'s log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`).
+    Json,
 }
 
 pub(super) fn run(args: ServeArgs) -> ExitCode {
@@ -86,6 +147,15 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     };
     config.noop = args.noop;
     config.ready_requires_store = args.ready_requires_store;
+    config.drain_period = args.drain_period;
+    config.grace_period = args.grace_period;
+    config.max_body_bytes = args.max_body_bytes;
+    config.access_log = args.access_log;
+    config.listen = crate::listen::ListenLimits {
+        max_connections: args.max_connections,
+        header_read_timeout: args.header_read_timeout,
+        max_header_bytes: args.max_header_bytes,
+    };
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,
@@ -304,6 +374,32 @@ fn redis_urls_redacted(text: &str, urls: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_serve_flag_can_come_from_its_environment_variable() {
+        use clap::CommandFactory;
+        #[derive(Debug, clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let command = Wrapper::command();
+        let mut flags = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" {
+                continue;
+            }
+            let expected = format!("FLOWGATE_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(expected.as_str()),
+                "--{long}"
+            );
+            flags += 1;
+        }
+        assert!(flags >= 20, "{flags} flags");
+    }
 
     #[test]
     fn passwords_are_redacted_from_urls() {

@@ -8,6 +8,7 @@
 //!   trusted_proxies: [10.0.0.0/8]   # whose X-Forwarded-For is believed
 //!   ipv6_prefix: 64                 # IPv6 clients are keyed by this prefix
 //!   upstream_timeout: 30s           # until the upstream's response head
+//!   forwarded: overwrite            # or append: clients' X-Forwarded-For/Forwarded
 //!   jwt: {hs256_secret_env: JWT_SECRET}   # or {rs256_public_key_file: key.pem}
 //!   descriptors:                    # each list is one request descriptor
 //!     - [{key: remote_address}]
@@ -42,6 +43,21 @@ pub struct GatewayConfig {
     pub descriptors: Vec<Vec<EntryConfig>>,
     /// How long to wait for the upstream's response head before answering 504.
     pub upstream_timeout: Duration,
+    /// What happens to `X-Forwarded-For`/`Forwarded` sent by a client that is not a trusted
+    /// proxy.
+    pub forwarded: Forwarded,
+}
+
+/// What the gateway does with the `X-Forwarded-For` and `Forwarded` fields of a request from a
+/// peer that is not a trusted proxy (from a trusted one, earlier hops are always kept).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Forwarded {
+    /// Replace them with this hop only (default): an upstream reading the leftmost entry
+    /// cannot be given a made-up address.
+    #[default]
+    Overwrite,
+    /// Keep them and append this hop (the upstream judges the chain itself).
+    Append,
 }
 
 impl GatewayConfig {
@@ -57,6 +73,7 @@ impl GatewayConfig {
                 source: Source::RemoteAddress,
             }]],
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
+            forwarded: Forwarded::Overwrite,
         }
     }
 }

@@ -49,8 +49,12 @@ pub struct Policy {
     pub rules: RuleSet,
     /// The files it was loaded from, in command-line order.
     pub files: Vec<PathBuf>,
-    /// A hash of the files' contents: equal digests mean identical configuration.
+    /// A hash of the files' contents and of the files they refer to: equal digests mean
+    /// identical configuration.
     pub digest: u64,
+    /// The files the configuration files refer to (JWT key files), as read for this policy:
+    /// part of the digest, and watched like the configuration files.
+    pub references: Vec<Reference>,
     /// When it was loaded.
     pub loaded_at: SystemTime,
     /// The `gateway` section (at most one file has one).
@@ -88,6 +92,37 @@ impl Source {
     }
 }
 
+/// A file a configuration file refers to (a JWT key file), as it was when the configuration
+/// was read. Secrets named by environment variables are not references: a process's
+/// environment cannot change while it runs, so rotating one means restarting.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reference {
+    /// The file, as the configuration names it (relative to the configuration file's
+    /// directory).
+    pub path: PathBuf,
+    /// A hash of its contents when read; `None` when it could not be read.
+    pub contents: Option<u64>,
+}
+
+impl Reference {
+    /// The reference to `path` whose contents were `read`.
+    pub fn new(path: &Path, read: Option<&[u8]>) -> Reference {
+        Reference {
+            path: path.to_owned(),
+            contents: read.map(|bytes| {
+                let mut hasher = DefaultHasher::new();
+                bytes.hash(&mut hasher);
+                hasher.finish()
+            }),
+        }
+    }
+
+    /// `path` as it is now.
+    pub fn read_now(path: &Path) -> Reference {
+        Reference::new(path, std::fs::read(path).ok().as_deref())
+    }
+}
+
 /// Reads and validates `paths`; every file is one domain. With no paths, the built-in policy.
 pub fn load(paths: &[PathBuf]) -> Result<Policy, ConfigErrors> {
     Policy::from_sources(read_all(paths)?)
@@ -113,27 +148,37 @@ pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Source>, ConfigErrors> {
     }
 }
 
-/// A hash of the sources' names and contents: the identity of a configuration.
-pub fn digest(sources: &[Source]) -> u64 {
+/// A hash of the sources' names and contents and of the files they refer to: the identity of
+/// a configuration.
+pub fn digest(sources: &[Source], references: &[Reference]) -> u64 {
     let mut hasher = DefaultHasher::new();
     for source in sources {
         source.path.hash(&mut hasher);
         source.text.hash(&mut hasher);
     }
+    references.hash(&mut hasher);
     hasher.finish()
 }
 
 impl Policy {
     /// Parses and validates configuration texts; every source is one domain.
     pub fn from_sources(sources: Vec<Source>) -> Result<Policy, ConfigErrors> {
+        Policy::from_sources_noting(sources, &mut Vec::new())
+    }
+
+    /// [`Policy::from_sources`], noting in `references` every file the sources refer to (also
+    /// when they are rejected: a missing key file may appear later).
+    pub fn from_sources_noting(
+        sources: Vec<Source>,
+        references: &mut Vec<Reference>,
+    ) -> Result<Policy, ConfigErrors> {
         let mut errors = Vec::new();
         let mut domains = Vec::with_capacity(sources.len());
         let mut positions = Vec::with_capacity(sources.len());
         let mut gateway: Option<(GatewayConfig, PathBuf)> = None;
         let mut websocket: Option<(WebSocketConfig, PathBuf)> = None;
-        let digest = digest(&sources);
         for source in &sources {
-            match yaml::parse(&source.path, &source.text) {
+            match yaml::parse(&source.path, &source.text, references) {
                 Ok(parsed) => {
                     domains.push(parsed.domain);
                     positions.push(parsed.positions);
@@ -192,8 +237,9 @@ impl Policy {
         })?;
         Ok(Policy {
             rules,
+            digest: digest(&sources, references),
+            references: references.clone(),
             files: sources.into_iter().map(|s| s.path).collect(),
-            digest,
             loaded_at: SystemTime::now(),
             gateway: gateway.map(|(section, _)| section),
             websocket: websocket.map(|(section, _)| section),

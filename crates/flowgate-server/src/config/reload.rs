@@ -1,10 +1,12 @@
 //! Reloading the policy when its files change or on SIGHUP.
 //!
 //! A new configuration replaces the running one only if every file parses and validates; a
-//! broken one is logged and counted, and the running policy stays live. Files are watched
-//! through their directories, so editors that save by renaming and Kubernetes ConfigMap
-//! symlink swaps are seen too.
+//! broken one is logged and counted, and the running policy stays live. The files the
+//! configuration refers to (JWT key files, [`Reference`]) count as part of it: rotating one is
+//! a change, and they are watched too. Files are watched through their directories, so editors
+//! that save by renaming and Kubernetes ConfigMap/Secret symlink swaps are seen too.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{ConfigErrors, Policy, digest, read_all};
+use super::{ConfigErrors, Policy, Reference, digest, read_all};
 
 /// How long to wait after a file event for more events before reloading (editors write in
 /// several steps).
@@ -23,6 +25,8 @@ const SETTLE: Duration = Duration::from_millis(100);
 pub trait Target: Send + Sync + 'static {
     /// The digest of the running configuration.
     fn current_digest(&self) -> u64;
+    /// The files the running configuration refers to.
+    fn current_references(&self) -> Vec<PathBuf>;
     /// Replaces the running policy.
     fn install(&self, policy: Policy);
     /// Reports a configuration that was rejected.
@@ -40,12 +44,35 @@ pub enum Reloaded {
     Rejected,
 }
 
-/// Reads `paths` and installs them into `target` if they changed and are valid.
-/// `last_rejected` suppresses repeating the same rejection for unchanged broken files.
+/// The last configuration rejected: its digest and the files it referred to.
+#[derive(Debug, Clone, Default)]
+pub struct Rejection {
+    /// The digest of the rejected files and their references.
+    digest: u64,
+    /// The files it referred to (so that a missing key file appearing is a change).
+    references: Vec<PathBuf>,
+}
+
+impl Rejection {
+    /// The files the rejected configuration referred to.
+    pub fn references(&self) -> &[PathBuf] {
+        &self.references
+    }
+}
+
+/// The digest `sources` would have now with the files named `references`.
+fn digest_now(sources: &[super::Source], references: &[PathBuf]) -> u64 {
+    let now: Vec<Reference> = references.iter().map(|p| Reference::read_now(p)).collect();
+    digest(sources, &now)
+}
+
+/// Reads `paths` and installs them into `target` if they (or the files they refer to) changed
+/// and are valid. `last_rejected` suppresses repeating the same rejection for unchanged broken
+/// files.
 pub fn reload_now(
     paths: &[PathBuf],
     target: &dyn Target,
-    last_rejected: &mut Option<u64>,
+    last_rejected: &mut Option<Rejection>,
 ) -> Reloaded {
     let sources = match read_all(paths) {
         Ok(sources) => sources,
@@ -54,18 +81,28 @@ pub fn reload_now(
             return Reloaded::Rejected;
         }
     };
-    let new = digest(&sources);
-    if new == target.current_digest() || Some(new) == *last_rejected {
+    // Unchanged texts refer to the same files: only their contents can differ.
+    if digest_now(&sources, &target.current_references()) == target.current_digest() {
         return Reloaded::Unchanged;
     }
-    match Policy::from_sources(sources) {
+    if let Some(rejection) = last_rejected
+        && digest_now(&sources, &rejection.references) == rejection.digest
+    {
+        return Reloaded::Unchanged;
+    }
+    let mut references = Vec::new();
+    let digest_sources = sources.clone();
+    match Policy::from_sources_noting(sources, &mut references) {
         Ok(policy) => {
             *last_rejected = None;
             target.install(policy);
             Reloaded::Installed
         }
         Err(errors) => {
-            *last_rejected = Some(new);
+            *last_rejected = Some(Rejection {
+                digest: digest(&digest_sources, &references),
+                references: references.into_iter().map(|r| r.path).collect(),
+            });
             target.rejected(&errors);
             Reloaded::Rejected
         }
@@ -104,23 +141,30 @@ pub async fn watch(
             let _ = events.send(());
         }
     });
-    let _watcher = match watcher {
-        Ok(mut watcher) => {
-            for dir in directories(&paths) {
-                if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
-                    tracing::warn!(
-                        "cannot watch {} for changes: {e}; SIGHUP still reloads",
-                        dir.display()
-                    );
-                }
-            }
-            Some(watcher)
-        }
+    let mut watcher = match watcher {
+        Ok(watcher) => Some(watcher),
         Err(e) => {
             tracing::warn!("cannot watch configuration files: {e}; SIGHUP still reloads");
             None
         }
     };
+    let mut watched = BTreeSet::new();
+    let mut watch_more = |watcher: &mut Option<notify::RecommendedWatcher>, files: &[PathBuf]| {
+        let Some(watcher) = watcher else { return };
+        for dir in directories(files) {
+            if !watched.insert(dir.clone()) {
+                continue;
+            }
+            if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                tracing::warn!(
+                    "cannot watch {} for changes: {e}; SIGHUP still reloads",
+                    dir.display()
+                );
+            }
+        }
+    };
+    watch_more(&mut watcher, &paths);
+    watch_more(&mut watcher, &target.current_references());
     // The files may have changed between their first load and the watch starting: look once.
     let _ = tx.send(());
     spawn_sighup(tx);
@@ -139,14 +183,19 @@ pub async fn watch(
         tokio::time::sleep(SETTLE).await;
         while rx.try_recv().is_ok() {}
         let paths = paths.clone();
-        let target = target.clone();
-        let mut rejected = last_rejected;
+        let reloading = target.clone();
+        let mut rejected = last_rejected.take();
         let outcome = tokio::task::spawn_blocking(move || {
-            let outcome = reload_now(&paths, &*target, &mut rejected);
+            let outcome = reload_now(&paths, &*reloading, &mut rejected);
             (outcome, rejected)
         })
         .await;
         if let Ok((_, rejected)) = outcome {
+            // A new configuration may refer to files in other directories.
+            watch_more(&mut watcher, &target.current_references());
+            if let Some(rejection) = &rejected {
+                watch_more(&mut watcher, rejection.references());
+            }
             last_rejected = rejected;
         }
     }

@@ -137,10 +137,16 @@ pub(crate) fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static 
 }
 
 /// Records this hop in a request about to be forwarded: `client` appended to
-/// `X-Forwarded-For` and, as an RFC 7239 element `for=…;host=…;proto=http`, to `Forwarded`
-/// (earlier hops are kept: the upstream decides which proxies it trusts), and `Via: 1.1
-/// flowgate` (RFC 9110 §7.6.3).
-pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr) {
+/// `X-Forwarded-For` and, as an RFC 7239 element `for=…;host=…;proto=http`, to `Forwarded`,
+/// and `Via: 1.1 flowgate` (RFC 9110 §7.6.3). Earlier hops are kept only when
+/// `keep_earlier` (the peer is a trusted proxy, or the operator asked to append); otherwise
+/// both fields are replaced, so an upstream reading their leftmost entry never sees an address
+/// the client made up.
+pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earlier: bool) {
+    if !keep_earlier {
+        headers.remove(&X_FORWARDED_FOR);
+        headers.remove(&FORWARDED);
+    }
     let ip = client.to_canonical();
     let mut xff = String::with_capacity(48);
     push_ip(&mut xff, ip);
@@ -301,7 +307,7 @@ mod tests {
             ("x-forwarded-for", "2.2.2.2"),
             ("host", "api.example:8000"),
         ]);
-        add_forwarding(&mut h, "::ffff:192.0.2.7".parse().unwrap());
+        add_forwarding(&mut h, "::ffff:192.0.2.7".parse().unwrap(), true);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 192.0.2.7");
         assert_eq!(
             h["forwarded"],
@@ -310,19 +316,19 @@ mod tests {
         assert_eq!(h["via"], "1.1 flowgate");
         for ip in ["0.0.0.0", "9.10.99.100", "10.0.100.255", "255.255.255.255"] {
             let mut h = HeaderMap::new();
-            add_forwarding(&mut h, ip.parse().unwrap());
+            add_forwarding(&mut h, ip.parse().unwrap(), true);
             assert_eq!(h["x-forwarded-for"], ip);
             assert_eq!(h["forwarded"], format!("for={ip};proto=http"));
         }
         let mut h = headers(&[("host", r#"we"ird\host"#), ("via", "1.0 edge")]);
-        add_forwarding(&mut h, "192.0.2.1".parse().unwrap());
+        add_forwarding(&mut h, "192.0.2.1".parse().unwrap(), true);
         assert_eq!(
             h["forwarded"],
             r#"for=192.0.2.1;host="we\"ird\\host";proto=http"#
         );
         assert_eq!(h["via"], "1.0 edge, 1.1 flowgate");
         let mut h = headers(&[("forwarded", "for=198.51.100.1")]);
-        add_forwarding(&mut h, "2001:db8::1".parse().unwrap());
+        add_forwarding(&mut h, "2001:db8::1".parse().unwrap(), true);
         assert_eq!(
             h["forwarded"],
             r#"for=198.51.100.1, for="[2001:db8::1]";proto=http"#

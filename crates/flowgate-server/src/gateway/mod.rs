@@ -15,9 +15,12 @@
 //!   instance's share (`Flowgate-Fallback: local`), `closed` answers `503` with `Retry-After`
 //!   (`Flowgate-Fallback: closed`); a store error no mode handled is `503` too;
 //! * allowed: the request is forwarded with its method, path, query, headers and body, minus
-//!   the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via`; bodies stream
+//!   the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via` (a client's own
+//!   `X-Forwarded-For`/`Forwarded` replaced unless it is a trusted proxy or the section says
+//!   `forwarded: append`); bodies stream
 //!   both ways without buffering; the upstream's response gets the `RateLimit` headers;
-//! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`.
+//! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`
+//!   (generic problem bodies: the upstream's address and the error are logged, never sent).
 //!
 //! The gateway speaks HTTP/1.1 to clients and to the upstream (pooled keep-alive connections).
 //! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
@@ -46,18 +49,14 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
 
 pub use upstream::{Upstream, UpstreamError};
 
 use crate::api::Service;
-use crate::config::gateway::GatewayConfig;
+use crate::config::gateway::{Forwarded, GatewayConfig};
 use crate::config::{DEFAULT_POLICY_NAME, Policy};
+use crate::listen::Acceptor;
 use crate::metrics::{Api, GatewayOutcome};
-
-/// How long a stopping gateway waits for responses in flight (long streams included) before
-/// closing their connections.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 pub use pool::UpstreamBody;
 
@@ -74,6 +73,8 @@ pub struct Gateway {
     pool: pool::Pool,
     /// The section used while the running configuration has none.
     fallback: GatewayConfig,
+    /// Whether each request is logged (`--access-log`).
+    access_log: bool,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -125,11 +126,40 @@ impl Gateway {
             pool,
             upstream,
             fallback,
+            access_log: false,
         }
+    }
+
+    /// Logs every request (target `flowgate::access`, at `info`): peer, method, path without
+    /// the query (which may hold tokens), status and the time to the response head.
+    pub fn with_access_log(mut self, on: bool) -> Self {
+        self.access_log = on;
+        self
     }
 
     /// Answers one request from `peer`.
     pub async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+        if !self.access_log {
+            return self.answer(peer, request).await;
+        }
+        let started = std::time::Instant::now();
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let response = self.answer(peer, request).await;
+        tracing::info!(
+            target: "flowgate::access",
+            %peer,
+            %method,
+            path,
+            status = response.status().as_u16(),
+            head_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "request"
+        );
+        response
+    }
+
+    /// [`Gateway::handle`] without the access log.
+    async fn answer(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
         if parts.method == http::Method::CONNECT {
             return self.problem(
@@ -169,8 +199,11 @@ impl Gateway {
             answer = Some(decided);
         }
         let timeout = config.upstream_timeout;
+        let keep_earlier =
+            config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         drop(active);
-        self.forward(peer, parts, body, timeout, answer).await
+        self.forward(peer, parts, body, timeout, keep_earlier, answer)
+            .await
     }
 
     /// The 429 (or 503, 500) an answer that does not allow stands for.
@@ -199,6 +232,7 @@ impl Gateway {
         mut parts: Parts,
         body: Incoming,
         timeout: Duration,
+        keep_earlier: bool,
         answer: Option<Answer>,
     ) -> Response<Body> {
         // Origin form (`/path?query`): the upstream is a server, not a proxy.
@@ -208,21 +242,18 @@ impl Gateway {
         };
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
-        forward::add_forwarding(&mut parts.headers, peer.ip());
+        forward::add_forwarding(&mut parts.headers, peer.ip(), keep_earlier);
         parts.extensions = http::Extensions::new();
 
         let sent = self.pool.send(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(timeout, sent).await {
             Ok(Ok(response)) => response,
+            // Clients get a generic problem; what failed, and where, goes to the log only.
             Ok(Err(e)) => {
-                tracing::debug!(upstream = %self.upstream, "upstream request failed: {e}");
+                tracing::warn!(upstream = %self.upstream, "upstream request failed: {e}");
                 let detail = match e {
-                    pool::SendError::Connect(_) => {
-                        format!("cannot connect to the upstream {}", self.upstream)
-                    }
-                    pool::SendError::Http(_) => {
-                        format!("the upstream {} failed to answer", self.upstream)
-                    }
+                    pool::SendError::Connect(_) => "the upstream could not be reached",
+                    pool::SendError::Http(_) => "the upstream failed to answer",
                 };
                 return self.problem(
                     GatewayOutcome::BadGateway,
@@ -230,15 +261,16 @@ impl Gateway {
                 );
             }
             Err(_) => {
+                tracing::warn!(
+                    upstream = %self.upstream,
+                    "upstream did not answer within {}",
+                    humantime::format_duration(timeout)
+                );
                 return self.problem(
                     GatewayOutcome::GatewayTimeout,
                     Problem::status(
                         StatusCode::GATEWAY_TIMEOUT,
-                        format!(
-                            "the upstream {} did not answer within {}",
-                            self.upstream,
-                            humantime::format_duration(timeout)
-                        ),
+                        "the upstream did not answer in time",
                     ),
                 );
             }
@@ -258,21 +290,25 @@ impl Gateway {
     }
 }
 
-/// Serves `gateway` on `listener` until `shutdown` completes; then stops accepting and waits
-/// up to [`SHUTDOWN_GRACE`] for responses in flight.
+/// Serves `gateway` on `acceptor` until `shutdown` completes; then stops accepting and waits
+/// up to `grace` for responses in flight (long streams included) before closing their
+/// connections. A request head must arrive within the acceptor's header read timeout (on a
+/// new connection and between requests on a kept-alive one).
 pub async fn serve(
-    listener: TcpListener,
+    acceptor: Acceptor,
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new());
+    crate::listen::configure(&mut http, acceptor.limits());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.as_mut() => break,
-            accepted = listener.accept() => match accepted {
+            accepted = acceptor.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
@@ -282,27 +318,28 @@ pub async fn serve(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
         let gateway = gateway.clone();
         let service = service_fn(move |request| {
             let gateway = gateway.clone();
             async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
         });
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let ended = acceptor.ended();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
+                ended.with_error(&e);
                 tracing::debug!(%peer, "gateway connection ended with an error: {e}");
             }
         });
     }
-    drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+    drop(acceptor);
+    if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!(
             "gateway: responses still in flight after {}; closing their connections",
-            humantime::format_duration(SHUTDOWN_GRACE)
+            humantime::format_duration(grace)
         );
     }
     Ok(())

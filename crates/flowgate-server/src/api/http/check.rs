@@ -230,7 +230,14 @@ pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64),
 }
 
 /// `POST /v1/check`.
-pub(super) async fn check(State(service): State<Arc<Service>>, body: Bytes) -> Response {
+pub(super) async fn check(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let body = match super::body_or_problem(&service, body) {
+        Ok(body) => body,
+        Err(problem) => return problem.into_response(),
+    };
     let (domain, descriptors, hits) = match parse_check(&body) {
         Ok(parsed) => parsed,
         Err(problem) => return problem.into_response(),

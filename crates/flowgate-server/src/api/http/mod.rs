@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -37,6 +38,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The HTTP routes over `service`.
 pub fn router(service: Arc<Service>) -> Router {
+    let limit = DefaultBodyLimit::max(service.max_body_bytes());
     Router::new()
         .route("/json", post(json))
         .route("/v1/check", post(check::check))
@@ -44,7 +46,31 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/config", get(config::config))
+        .layer(limit)
         .with_state(service)
+}
+
+/// The request body, or the problem answering why it could not be read (`413` over
+/// `--max-body-bytes`, counted).
+pub(crate) fn body_or_problem(
+    service: &Service,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, Problem> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            service.metrics().oversized_body();
+            Problem::status(
+                status,
+                format!(
+                    "the request body is over {} bytes",
+                    service.max_body_bytes()
+                ),
+            )
+        } else {
+            Problem::status(status, rejection.body_text())
+        }
+    })
 }
 
 /// `body` as JSON with `status`.
@@ -78,7 +104,14 @@ pub(crate) fn parse_json(
 }
 
 /// `POST /json`: envoyproxy/ratelimit's HTTP endpoint.
-async fn json(State(service): State<Arc<Service>>, body: Bytes) -> Response {
+async fn json(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body_or_problem(&service, body) {
+        Ok(body) => body,
+        Err(problem) => return problem.into_response(),
+    };
     let (domain, descriptors, hits) = match parse_json(&body) {
         Ok(parsed) => parsed,
         Err(problem) => return problem.into_response(),

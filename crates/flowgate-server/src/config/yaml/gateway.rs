@@ -12,8 +12,11 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::pos;
+use crate::config::Reference;
 use crate::config::error::ConfigError;
-use crate::config::gateway::{DEFAULT_UPSTREAM_TIMEOUT, EntryConfig, GatewayConfig, Source};
+use crate::config::gateway::{
+    DEFAULT_UPSTREAM_TIMEOUT, EntryConfig, Forwarded, GatewayConfig, Source,
+};
 
 /// The `gateway` section (see [`super::gateway`]).
 #[derive(Debug, Deserialize)]
@@ -37,6 +40,9 @@ pub(super) struct GatewayYaml {
     /// How long to wait for the upstream's response head.
     #[serde(default)]
     upstream_timeout: Option<Spanned<String>>,
+    /// `overwrite` or `append`: untrusted clients' forwarding fields.
+    #[serde(default)]
+    forwarded: Option<Spanned<String>>,
 }
 
 /// One entry of a gateway descriptor.
@@ -78,6 +84,7 @@ pub(super) fn convert_gateway(
     g: GatewayYaml,
     at_section: (u64, u64),
     errors: &mut Vec<ConfigError>,
+    references: &mut Vec<Reference>,
 ) -> Option<GatewayConfig> {
     let before = errors.len();
     let mut error = |at: (u64, u64), field: &str, message: String| {
@@ -161,7 +168,7 @@ pub(super) fn convert_gateway(
     let jwt = g
         .jwt
         .as_ref()
-        .and_then(|j| convert_jwt(file, j, &mut error));
+        .and_then(|j| convert_jwt(file, j, references, &mut error));
 
     let mut descriptors = Vec::new();
     match &g.descriptors {
@@ -212,10 +219,24 @@ pub(super) fn convert_gateway(
         ),
     }
 
+    let forwarded = match g.forwarded.as_ref().map(|f| (f.value.as_str(), f)) {
+        None | Some(("overwrite", _)) => Forwarded::Overwrite,
+        Some(("append", _)) => Forwarded::Append,
+        Some((other, f)) => {
+            error(
+                pos(&f.referenced),
+                "forwarded",
+                format!("`{other}` is not `overwrite` or `append`"),
+            );
+            Forwarded::Overwrite
+        }
+    };
+
     if errors.len() > before {
         return None;
     }
     Some(GatewayConfig {
+        forwarded,
         domain: domain.to_owned(),
         listen,
         client_ip: ClientIp::new(trusted).peer_ip(peer),
@@ -225,10 +246,11 @@ pub(super) fn convert_gateway(
 }
 
 /// Builds the verifier of a `jwt` block; reports what is wrong with it through `error` (field
-/// names relative to the section).
+/// names relative to the section) and notes its key file in `references`.
 pub(super) fn convert_jwt(
     file: &Path,
     j: &Spanned<JwtYaml>,
+    references: &mut Vec<Reference>,
     error: &mut impl FnMut((u64, u64), &str, String),
 ) -> Option<Jwt> {
     let at = pos(&j.referenced);
@@ -249,7 +271,9 @@ pub(super) fn convert_jwt(
                 .parent()
                 .unwrap_or_else(|| Path::new(""))
                 .join(&key_file.value);
-            let built = std::fs::read(&path)
+            let read = std::fs::read(&path);
+            references.push(Reference::new(&path, read.as_deref().ok()));
+            let built = read
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))
                 .and_then(|pem| {
                     Jwt::rs256_pem(&pem).map_err(|e| {

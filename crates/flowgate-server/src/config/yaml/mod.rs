@@ -16,6 +16,7 @@ use flowgate::envoy::DomainSpec;
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
+use super::Reference;
 use super::error::ConfigError;
 use super::gateway::GatewayConfig;
 use super::websocket::WebSocketConfig;
@@ -78,7 +79,12 @@ pub(crate) struct Parsed {
 }
 
 /// Parses one file into its domain (and gateway section), collecting every semantic error.
-pub(crate) fn parse(file: &Path, text: &str) -> Result<Parsed, Vec<ConfigError>> {
+/// Files it refers to are noted in `references`.
+pub(crate) fn parse(
+    file: &Path,
+    text: &str,
+    references: &mut Vec<Reference>,
+) -> Result<Parsed, Vec<ConfigError>> {
     let yaml: FileYaml = serde_saphyr::from_str(text).map_err(|e| vec![syntax_error(file, &e)])?;
     let mut positions = Positions {
         domain: pos(&yaml.domain.referenced),
@@ -103,11 +109,19 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<Parsed, Vec<ConfigError>>
     );
     let gateway = yaml.gateway.and_then(|g| {
         let at = pos(&g.referenced);
-        convert_gateway(file, &yaml.domain.value, g.value, at, &mut errors).map(|g| (g, at))
+        convert_gateway(
+            file,
+            &yaml.domain.value,
+            g.value,
+            at,
+            &mut errors,
+            references,
+        )
+        .map(|g| (g, at))
     });
     let websocket = yaml.websocket.and_then(|w| {
         let at = pos(&w.referenced);
-        convert_websocket(file, w.value, at, &mut errors).map(|w| (w, at))
+        convert_websocket(file, w.value, at, &mut errors, references).map(|w| (w, at))
     });
     if errors.is_empty() {
         Ok(Parsed {
@@ -142,7 +156,7 @@ mod tests {
     use std::time::Duration;
 
     fn errors(text: &str) -> Vec<String> {
-        parse(Path::new("f.yaml"), text)
+        parse(Path::new("f.yaml"), text, &mut Vec::new())
             .unwrap_err()
             .iter()
             .map(ToString::to_string)
@@ -154,6 +168,7 @@ mod tests {
         let domain = parse(
             Path::new("f.yaml"),
             "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: MINUTE, requests_per_unit: 10}\n  - key: user\n    value: 'vip*'\n    shadow_mode: true\n    rate_limit:\n      period: 90s\n      requests_per_unit: 3\n      algorithm: gcra\n      burst: 6\n      fail: local\n      name: vip\n      replaces: [{name: other}]\n",
+            &mut Vec::new(),
         )
         .unwrap()
         .domain;

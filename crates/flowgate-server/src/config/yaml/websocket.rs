@@ -16,6 +16,7 @@ use serde_saphyr::Spanned;
 
 use super::gateway::{JwtYaml, convert_jwt};
 use super::pos;
+use crate::config::Reference;
 use crate::config::error::ConfigError;
 use crate::config::websocket::{
     CloseAfter, DEFAULT_BUFFER_BYTES, DEFAULT_BUFFER_MESSAGES, DEFAULT_HANDSHAKE_TIMEOUT,
@@ -286,6 +287,7 @@ pub(super) fn convert_websocket(
     w: WebSocketYaml,
     at_section: (u64, u64),
     errors: &mut Vec<ConfigError>,
+    references: &mut Vec<Reference>,
 ) -> Option<WebSocketConfig> {
     let before = errors.len();
     let mut e = Errors { file, errors };
@@ -356,7 +358,7 @@ pub(super) fn convert_websocket(
         }
     }
     let jwt = w.jwt.as_ref().and_then(|j| {
-        convert_jwt(file, j, &mut |at, field, message| {
+        convert_jwt(file, j, references, &mut |at, field, message| {
             e.push(at, field, message);
         })
     });

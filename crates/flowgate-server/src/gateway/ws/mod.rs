@@ -40,15 +40,11 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{Active, Service};
 use crate::config::websocket::WebSocketConfig;
-
-/// How long a stopping WebSocket gateway waits for its connections to finish their close
-/// handshakes before dropping them.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+use crate::listen::Acceptor;
 
 /// The name the rate of new connections is reported under in `RateLimit-Policy`.
 pub const CONNECT_LIMIT_NAME: &str = "ws_connect";
@@ -380,22 +376,23 @@ fn add(a: &mut WsStatsSnapshot, b: &WsStatsSnapshot) {
 }
 
 /// Serves the WebSocket gateway on `listener` until `shutdown` completes; then stops
-/// accepting, closes every relayed connection with 1001 on both sides and waits up to
-/// [`SHUTDOWN_GRACE`] for them to finish.
+/// accepting, closes every relayed connection with 1001 on both sides and waits up to `grace`
+/// for them to finish.
 pub async fn serve(
-    listener: TcpListener,
+    acceptor: Acceptor,
     gateway: Arc<WsGateway>,
     shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
 ) -> std::io::Result<()> {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new());
     // The upgrade request must arrive promptly (slowloris).
-    http.header_read_timeout(Duration::from_secs(10));
+    crate::listen::configure(&mut http, acceptor.limits());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.as_mut() => break,
-            accepted = listener.accept() => match accepted {
+            accepted = acceptor.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!("websocket gateway: cannot accept a connection: {e}");
@@ -404,7 +401,6 @@ pub async fn serve(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
         let Some(guard) = gateway.guard() else { break };
         let mut stopping = gateway.stopping();
         let handler = gateway.clone();
@@ -415,6 +411,7 @@ pub async fn serve(
         let connection = http
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
+        let ended = acceptor.ended();
         tokio::spawn(async move {
             let _guard = guard;
             tokio::pin!(connection);
@@ -426,20 +423,21 @@ pub async fn serve(
                 }
             };
             if let Err(e) = result {
+                ended.with_error(&e);
                 tracing::debug!(%peer, "websocket gateway connection ended with an error: {e}");
             }
         });
     }
-    drop(listener);
+    drop(acceptor);
     let _ = gateway.stop.send(true);
     gateway.drain.lock().take();
     let drained = async {
         let _ = gateway.drained.lock().await.recv().await;
     };
-    if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
+    if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!(
             "websocket gateway: connections still closing after {}; dropping them",
-            humantime::format_duration(SHUTDOWN_GRACE)
+            humantime::format_duration(grace)
         );
     }
     Ok(())

@@ -284,7 +284,9 @@ async fn connect_upstream(
     ] {
         headers.remove(name);
     }
-    forward::add_forwarding(&mut headers, peer.ip());
+    // Earlier hops only from a trusted proxy: a client's own X-Forwarded-For is replaced.
+    let trusted = runtime.config.client_ip.is_trusted(peer.ip());
+    forward::add_forwarding(&mut headers, peer.ip(), trusted);
     if !headers.contains_key(HOST)
         && let Ok(host) = HeaderValue::from_str(upstream.authority.as_str())
     {

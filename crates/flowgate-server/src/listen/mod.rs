@@ -1,0 +1,328 @@
+//! Bounded listeners: every client-facing socket of the service (the HTTP and gRPC APIs, the
+//! gateway and the WebSocket gateway) accepts through an [`Acceptor`], which holds at most
+//! [`ListenLimits::max_connections`] connections open at once. A connection beyond that is
+//! accepted and closed at once (the client sees the connection end before any byte, instead
+//! of waiting in the kernel's backlog), and counted. Each accepted connection carries its slot
+//! ([`Limited`]) and gives it back when it is dropped, whatever path ends it.
+//!
+//! Metrics, per listener (`http`, `grpc`, `gateway`, `websocket`):
+//! `flowgate_listener_connections{listener}` (open now),
+//! `flowgate_listener_refused_connections_total{listener}` (closed at once, over the cap) and
+//! `flowgate_listener_timeouts_total{listener}` (connections closed because the request head
+//! did not arrive within [`ListenLimits::header_read_timeout`]) and
+//! `flowgate_listener_oversized_heads_total{listener}` (request heads over
+//! [`ListenLimits::max_header_bytes`], answered `431`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The default [`ListenLimits::max_connections`]: far above what one instance serves well,
+/// far below the file descriptors a flood could otherwise take.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// The default [`ListenLimits::header_read_timeout`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default [`ListenLimits::max_header_bytes`] (nginx's `large_client_header_buffers` is
+/// 4 × 8 KiB).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Limits shared by every client-facing listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenLimits {
+    /// Connections each listener holds open at once; more are closed as soon as accepted.
+    pub max_connections: usize,
+    /// How long a client may take to send a request head (hyper's header read timeout), on a
+    /// new connection and between requests on a keep-alive one — so it also bounds how long an
+    /// idle keep-alive connection is kept. Applies to the gateway and the WebSocket gateway.
+    pub header_read_timeout: Duration,
+    /// The largest request head (request line and header fields) the gateway and WebSocket
+    /// gateway read; a larger one is answered `431` and its connection closed.
+    pub max_header_bytes: usize,
+}
+
+impl Default for ListenLimits {
+    fn default() -> Self {
+        ListenLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+        }
+    }
+}
+
+/// What a listener reports.
+#[derive(Debug, Clone, Default)]
+pub struct ListenerMetrics {
+    /// Connections open now.
+    pub open: Gauge,
+    /// Connections closed at once because the listener was full.
+    pub refused: Counter,
+    /// Connections closed because the request head was late.
+    pub timeouts: Counter,
+    /// Request heads over the size limit.
+    pub oversized: Counter,
+}
+
+/// A listener that holds at most `max_connections` connections.
+#[derive(Debug)]
+pub struct Acceptor {
+    /// The socket.
+    listener: TcpListener,
+    /// One permit per connection that may be open.
+    slots: Arc<Semaphore>,
+    /// The limits it was built with.
+    limits: ListenLimits,
+    /// Open and refused connections.
+    metrics: ListenerMetrics,
+}
+
+impl Acceptor {
+    /// Accepts on `listener`, holding at most `limits.max_connections` (at least 1) open.
+    pub fn new(listener: TcpListener, limits: ListenLimits, metrics: ListenerMetrics) -> Self {
+        Acceptor {
+            listener,
+            slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            limits,
+            metrics,
+        }
+    }
+
+    /// The limits connections from it are served under.
+    pub fn limits(&self) -> ListenLimits {
+        self.limits
+    }
+
+    /// What a connection's task needs to report how it ended (it must not hold the acceptor,
+    /// whose socket closes when the server stops accepting).
+    pub fn ended(&self) -> Ended {
+        Ended {
+            timeouts: self.metrics.timeouts.clone(),
+            oversized: self.metrics.oversized.clone(),
+        }
+    }
+
+    /// The next connection there is room for (`TCP_NODELAY` set); connections beyond the cap
+    /// are closed and counted meanwhile. Errors are the socket's (out of file descriptors).
+    pub async fn accept(&self) -> io::Result<(Limited, SocketAddr)> {
+        loop {
+            let (stream, peer) = self.listener.accept().await?;
+            let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+                self.metrics.refused.inc();
+                tracing::debug!(%peer, "connection refused: the listener is full");
+                drop(stream);
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            self.metrics.open.inc();
+            return Ok((
+                Limited {
+                    stream,
+                    _slot: Slot {
+                        _permit: slot,
+                        open: self.metrics.open.clone(),
+                    },
+                },
+                peer,
+            ));
+        }
+    }
+
+    /// The metrics this listener updates.
+    pub fn metrics(&self) -> &ListenerMetrics {
+        &self.metrics
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// Reports how a connection ended.
+#[derive(Debug, Clone)]
+pub struct Ended {
+    /// Heads that came too late.
+    timeouts: Counter,
+    /// Heads that were too large.
+    oversized: Counter,
+}
+
+impl Ended {
+    /// Counts a connection closed because its request head was late or too large, when
+    /// `error` says so.
+    pub fn with_error(&self, error: &hyper::Error) {
+        if error.is_timeout() {
+            self.timeouts.inc();
+        } else if error.is_parse_too_large() {
+            self.oversized.inc();
+        }
+    }
+}
+
+/// Applies the limits of `limits` that hyper enforces to an HTTP/1 server `builder` (which has
+/// a timer).
+pub fn configure(builder: &mut hyper::server::conn::http1::Builder, limits: ListenLimits) {
+    builder.header_read_timeout(limits.header_read_timeout);
+    builder.max_header_size(limits.max_header_bytes);
+}
+
+/// A connection's place under the cap; given back on drop.
+#[derive(Debug)]
+struct Slot {
+    /// The semaphore permit.
+    _permit: OwnedSemaphorePermit,
+    /// Decremented on drop.
+    open: Gauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+/// An accepted connection holding its slot.
+#[derive(Debug)]
+pub struct Limited {
+    /// The connection.
+    stream: TcpStream,
+    /// Released when the connection is dropped.
+    _slot: Slot,
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// tonic (the gRPC API) learns the peer from the connection.
+impl tonic::transport::server::Connected for Limited {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl Acceptor {
+    /// The connections it accepts, as the stream tonic serves (accept errors are logged and
+    /// retried after a pause, never ended on).
+    pub fn into_incoming(self) -> impl futures_util::Stream<Item = io::Result<Limited>> {
+        futures_util::stream::unfold(self, |acceptor| async move {
+            loop {
+                match acceptor.accept().await {
+                    Ok((connection, _)) => return Some((Ok(connection), acceptor)),
+                    Err(e) => {
+                        tracing::warn!("cannot accept a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// The HTTP API (axum) accepts through the same cap.
+impl axum::serve::Listener for Acceptor {
+    type Io = Limited;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match Acceptor::accept(self).await {
+                Ok(accepted) => return accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Acceptor::local_addr(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_listener_closes_new_connections_and_a_dropped_one_frees_its_slot() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ListenLimits {
+            max_connections: 1,
+            ..ListenLimits::default()
+        };
+        let acceptor = Acceptor::new(listener, limits, ListenerMetrics::default());
+        let _first_client = TcpStream::connect(addr).await.unwrap();
+        let (first, _) = acceptor.accept().await.unwrap();
+        assert_eq!(acceptor.metrics().open.get(), 1);
+
+        // Over the cap: closed before any byte, counted.
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let accepting = tokio::spawn(async move {
+            let accepted = acceptor.accept().await.unwrap();
+            (acceptor, accepted)
+        });
+        let mut byte = [0u8; 1];
+        assert_eq!(second.read(&mut byte).await.unwrap_or(0), 0);
+        // Freeing the slot lets the next one in.
+        drop(first);
+        let third = TcpStream::connect(addr).await.unwrap();
+        let (acceptor, (_third_conn, peer)) = accepting.await.unwrap();
+        assert_eq!(peer, third.local_addr().unwrap());
+        assert_eq!(acceptor.metrics().refused.get(), 1);
+        assert_eq!(acceptor.metrics().open.get(), 1);
+    }
+}

@@ -1,0 +1,257 @@
+//! Bounded listeners: a connection flood beyond `max_connections` is refused at once and
+//! counted, and frees nothing it does not hold; a client that sends its request head too slowly,
+//! or keeps an idle keep-alive connection, is closed after the header read timeout and counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestServer;
+use common::upstream::{STEP, Upstream};
+use flowgate_server::listen::ListenLimits;
+use flowgate_server::server::ServerConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const EDGE: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 100000}\n";
+
+async fn gateway(upstream: &Upstream, limits: ListenLimits) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, EDGE).unwrap();
+    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+    config.upstream = Some(upstream.url().parse().unwrap());
+    config.listen = limits;
+    TestServer::start_with(config, dir, vec![path]).await
+}
+
+/// Reads until the peer closes (`Ok(bytes)`), within `STEP`.
+async fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(STEP, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return out,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("still open after {STEP:?}"),
+        }
+    }
+}
+
+/// Polls `series` until it is `value` (bounded by `STEP`).
+async fn wait_metric(server: &TestServer, series: &str, value: f64) {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let now = server.metric(series).await;
+        if now == value {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series} is {now}, not {value}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_beyond_the_cap_is_refused_at_once_and_counted() {
+    let upstream = Upstream::start().await;
+    let limits = ListenLimits {
+        max_connections: 4,
+        ..ListenLimits::default()
+    };
+    let server = gateway(&upstream, limits).await;
+    let addr = server.gateway.unwrap();
+    // Four idle clients fill the gateway.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(addr).await.unwrap());
+    }
+    wait_metric(
+        &server,
+        "flowgate_listener_connections{listener=\"gateway\"}",
+        4.0,
+    )
+    .await;
+    // The flood: each is closed before any byte, without waiting for a timeout.
+    for _ in 0..20 {
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let started = Instant::now();
+        assert!(until_closed(&mut extra).await.is_empty());
+        assert!(started.elapsed() < Duration::from_secs(2), "refused slowly");
+    }
+    wait_metric(
+        &server,
+        "flowgate_listener_refused_connections_total{listener=\"gateway\"}",
+        20.0,
+    )
+    .await;
+    // One held connection still works; closing them frees their slots.
+    held[0]
+        .write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = until_closed(&mut held[0]).await;
+    assert!(answer.starts_with(b"HTTP/1.1 201"), "{answer:?}");
+    drop(held);
+    wait_metric(
+        &server,
+        "flowgate_listener_connections{listener=\"gateway\"}",
+        0.0,
+    )
+    .await;
+    let mut again = TcpStream::connect(addr).await.unwrap();
+    again
+        .write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(until_closed(&mut again).await.starts_with(b"HTTP/1.1 201"));
+    // The HTTP API has its own cap and counters.
+    assert_eq!(
+        server
+            .metric("flowgate_listener_refused_connections_total{listener=\"http\"}")
+            .await,
+        0.0
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_request_heads_and_idle_keep_alive_are_closed_after_the_header_read_timeout() {
+    let upstream = Upstream::start().await;
+    let timeout = Duration::from_millis(300);
+    let limits = ListenLimits {
+        header_read_timeout: timeout,
+        ..ListenLimits::default()
+    };
+    let server = gateway(&upstream, limits).await;
+    let addr = server.gateway.unwrap();
+
+    // Slowloris: half a head, then nothing.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let answer = until_closed(&mut slow).await;
+    assert!(started.elapsed() >= timeout, "closed before the timeout");
+    // hyper answers 408 when it gives up on a head.
+    assert!(
+        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // Idle keep-alive: one request answered, then silence closes the connection.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = tokio::time::timeout(STEP, idle.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 201"));
+    let answered = Instant::now();
+    until_closed(&mut idle).await;
+    assert!(answered.elapsed() >= timeout / 2, "closed too early");
+    wait_metric(
+        &server,
+        "flowgate_listener_timeouts_total{listener=\"gateway\"}",
+        2.0,
+    )
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_over_the_size_limit_is_answered_431_and_counted() {
+    let upstream = Upstream::start().await;
+    let limits = ListenLimits {
+        max_header_bytes: 4096,
+        ..ListenLimits::default()
+    };
+    let server = gateway(&upstream, limits).await;
+    let addr = server.gateway.unwrap();
+    let mut big = TcpStream::connect(addr).await.unwrap();
+    let filler = "a".repeat(5000);
+    big.write_all(format!("GET /ok HTTP/1.1\r\nHost: x\r\nX-Big: {filler}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let answer = until_closed(&mut big).await;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    wait_metric(
+        &server,
+        "flowgate_listener_oversized_heads_total{listener=\"gateway\"}",
+        1.0,
+    )
+    .await;
+    // Under the limit: forwarded.
+    let mut fine = TcpStream::connect(addr).await.unwrap();
+    let filler = "a".repeat(3000);
+    fine.write_all(
+        format!("GET /ok HTTP/1.1\r\nHost: x\r\nX-Big: {filler}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert!(until_closed(&mut fine).await.starts_with(b"HTTP/1.1 201"));
+    assert!(
+        upstream
+            .seen()
+            .iter()
+            .all(|seen| seen.headers.get("x-big").is_none_or(|v| v.len() == 3000))
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_and_http_apis_are_capped_too() {
+    let upstream = Upstream::start().await;
+    let limits = ListenLimits {
+        max_connections: 2,
+        ..ListenLimits::default()
+    };
+    let server = gateway(&upstream, limits).await;
+    for (addr, listener) in [(server.grpc, "grpc"), (server.http, "http")] {
+        let held = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let open = format!("flowgate_listener_connections{{listener=\"{listener}\"}}");
+        // The test's own scrapes go to the HTTP API: count them only once they are done.
+        if listener == "grpc" {
+            wait_metric(&server, &open, 2.0).await;
+        }
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        assert!(until_closed(&mut extra).await.is_empty(), "{listener}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{listener}: refused slowly"
+        );
+        drop(held);
+        if listener == "grpc" {
+            wait_metric(
+                &server,
+                "flowgate_listener_refused_connections_total{listener=\"grpc\"}",
+                1.0,
+            )
+            .await;
+            // Freed slots serve gRPC again.
+            let mut rls = server.rls().await;
+            let answer = common::should(
+                &mut rls,
+                common::request("edge", vec![common::descriptor(&[("remote_address", "a")])]),
+            )
+            .await;
+            assert_eq!(answer.overall_code, common::OK);
+        }
+    }
+    server.stop().await;
+}

@@ -1,0 +1,172 @@
+//! Secrets never leave the process: a run of the real binary with a Redis password and an
+//! HS256 secret, driven through every API, a Redis outage and a failed start, never shows
+//! either in its logs (at `debug`), its error responses, `/v1/config`, `/readyz` or `/metrics`.
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "../../flowgate/tests/common/redis.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod redis_support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{free_port, http_get, http_post};
+use redis_support::RedisServer;
+
+const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+const PASSWORD: &str = "Pw-7f3a9c1e-redis";
+const JWT_SECRET: &str = "Jwt-b41d0e77-secret";
+
+/// The whole answer to `request` sent on a new connection (empty if none came).
+fn exchange(addr: SocketAddr, request: &str) -> String {
+    let Ok(mut conn) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return String::new();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    answer
+}
+
+fn assert_secret_free(what: &str, text: &str) {
+    for secret in [PASSWORD, JWT_SECRET] {
+        assert!(!text.contains(secret), "{what} shows a secret:\n{text}");
+    }
+}
+
+#[test]
+fn no_secret_in_logs_errors_config_or_metrics() {
+    let what = "no_secret_in_logs_errors_config_or_metrics";
+    // The password is set once the server runs (the helper's readiness probe has none).
+    let Some(mut redis) = RedisServer::start(what) else {
+        return;
+    };
+    let protect = |redis: &RedisServer| {
+        assert_eq!(
+            redis
+                .cli(&["CONFIG", "SET", "requirepass", PASSWORD])
+                .trim(),
+            "OK"
+        );
+    };
+    protect(&redis);
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", redis.port);
+    let mut outputs = Vec::new();
+
+    // A wrong password and an unreachable Redis: both fail to start, quoting the URL redacted.
+    let wrong = format!("redis://:{PASSWORD}x@127.0.0.1:{}", redis.port);
+    let nowhere = format!("redis://:{PASSWORD}@{}", free_port());
+    for bad in [&wrong, &nowhere] {
+        let out = Command::new(FLOWGATE)
+            .args(["serve", "--redis", bad, "--redis-timeout", "300ms"])
+            .args(["--http", &free_port().to_string()])
+            .args(["--grpc", &free_port().to_string()])
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("cannot connect to Redis at"), "{text}");
+        assert!(text.contains(":***@127.0.0.1"), "{text}");
+        outputs.push((format!("failed start with {bad}"), text.into_owned()));
+    }
+
+    // A running server with both secrets.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("edge.yaml");
+    std::fs::write(
+        &config,
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 100, fail: closed}\n  - key: plan\n    rate_limit: {unit: minute, requests_per_unit: 100}\ngateway:\n  jwt: {hs256_secret_env: FLOWGATE_TEST_JWT_SECRET}\n  descriptors:\n    - [{key: remote_address}]\n    - [{key: jwt_claim, claim: plan, as: plan}]\n",
+    )
+    .unwrap();
+    let (http, grpc, gateway) = (free_port(), free_port(), free_port());
+    // The upstream is a port nothing listens on: the gateway's 502 is one of the errors read.
+    let upstream = free_port();
+    let log = dir.path().join("log");
+    let mut child = Command::new(FLOWGATE)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--redis", &url, "--redis-timeout", "200ms"])
+        .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--gateway", &gateway.to_string(), "--drain-period", "0s"])
+        .env("RUST_LOG", "debug")
+        .env("FLOWGATE_TEST_JWT_SECRET", JWT_SECRET)
+        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut answers = Vec::new();
+    let check = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"}]}]}"#;
+    let read_everything = |answers: &mut Vec<(String, String)>| {
+        for path in ["/v1/config", "/readyz", "/metrics", "/v1/nowhere"] {
+            answers.push((path.to_owned(), http_get(http, path).unwrap_or_default()));
+        }
+        answers.push(("/v1/check".into(), http_post(http, "/v1/check", check)));
+        answers.push((
+            "/v1/check, bad JSON".into(),
+            http_post(http, "/v1/check", "{\"domain\": 7"),
+        ));
+        answers.push(("/json, bad JSON".into(), http_post(http, "/json", "[]")));
+        for token in ["not.a.token", "eyJhbGciOiJIUzI1NiJ9.eyJwbGFuIjoieCJ9.c2ln"] {
+            answers.push((
+                format!("gateway with token {token}"),
+                exchange(
+                    gateway,
+                    &format!(
+                        "GET /x HTTP/1.1\r\nHost: app\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+                    ),
+                ),
+            ));
+        }
+    };
+    read_everything(&mut answers);
+    assert!(
+        answers.iter().any(|(_, a)| a.starts_with("HTTP/1.1 502")),
+        "the gateway's error was read: {answers:?}"
+    );
+    // Redis goes away: reconnect errors, fallback decisions (a 503 for `fail: closed`).
+    redis.kill();
+    for _ in 0..3 {
+        read_everything(&mut answers);
+    }
+    assert!(
+        answers
+            .iter()
+            .any(|(what, a)| what == "/v1/check" && a.starts_with("HTTP/1.1 503")),
+        "a store error was answered: {answers:?}"
+    );
+    redis.restart();
+    protect(&redis);
+    read_everything(&mut answers);
+
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    let stdout = std::fs::read_to_string(dir.path().join("stdout")).unwrap();
+    assert!(stderr.contains("counting in Redis"), "{stderr}");
+    assert!(stderr.contains(":***@127.0.0.1"), "{stderr}");
+    outputs.push(("stderr".into(), stderr));
+    outputs.push(("stdout".into(), stdout));
+    for (what, text) in outputs.iter().chain(&answers) {
+        assert_secret_free(what, text);
+    }
+}
