@@ -7,6 +7,7 @@
 //! * [`api`]: the gRPC (Envoy RLS v3) and HTTP APIs over one [`api::Service`];
 //! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
 //! * [`metrics`]: Prometheus metrics;
+//! * [`dashboard`]: the live page at `/dashboard`;
 //! * [`server`]: `run(config, listeners, shutdown)`;
 //! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`.
 
@@ -14,6 +15,7 @@ pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod gateway;
 pub mod metrics;
 pub mod server;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api::{self, Service};
+use crate::api::{self, AdminToken, Service};
+use crate::dashboard::{self, Dashboard};
 use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
 use crate::gateway::ws::{self as ws_gateway, WsGateway};
@@ -31,6 +32,10 @@ pub struct ServerConfig {
     pub upstream: Option<Upstream>,
     /// Strict readiness: `/readyz` fails while the store does not answer (default off).
     pub ready_requires_store: bool,
+    /// Serve the live dashboard at `/dashboard` (default on; `--no-dashboard`).
+    pub dashboard: bool,
+    /// The admin endpoints' token (`FLOWGATE_ADMIN_TOKEN`); `None` disables them.
+    pub admin_token: Option<AdminToken>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -41,6 +46,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("watch", &self.watch)
             .field("noop", &self.noop)
             .field("upstream", &self.upstream)
+            .field("dashboard", &self.dashboard)
+            .field("admin", &self.admin_token.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -58,6 +65,8 @@ impl ServerConfig {
             noop: false,
             upstream: None,
             ready_requires_store: false,
+            dashboard: true,
+            admin_token: None,
         })
     }
 }
@@ -101,7 +110,8 @@ pub async fn run(
         )),
     };
     let noop = config.noop;
-    let service = Arc::new(Service::new(config.policy, config.backend));
+    let service =
+        Arc::new(Service::new(config.policy, config.backend).with_admin_token(config.admin_token));
     service.require_store_for_readiness(config.ready_requires_store);
     let (stop, stopped) = watch::channel(false);
     let signal = move |mut rx: watch::Receiver<bool>| async move {
@@ -116,6 +126,10 @@ pub async fn run(
     if let Some(listener) = listeners.http {
         let router = if noop {
             api::noop::router()
+        } else if config.dashboard {
+            let dashboard = Dashboard::new(service.clone());
+            tasks.spawn(dashboard.clone().run(signal(stopped.clone())));
+            api::http::router(service.clone()).merge(dashboard::router(dashboard))
         } else {
             api::http::router(service.clone())
         };

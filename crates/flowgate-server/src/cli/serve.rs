@@ -70,10 +70,24 @@ pub struct ServeArgs {
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
     #[arg(long, value_name = "ADDR")]
     pub websocket: Option<SocketAddr>,
+    /// Do not serve the live dashboard (`/dashboard`); also `FLOWGATE_DASHBOARD=off`.
+    #[arg(long)]
+    pub no_dashboard: bool,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true)]
     pub noop: bool,
+}
+
+/// Whether `FLOWGATE_DASHBOARD` leaves the dashboard on: anything but `off`, `false`, `0`
+/// or `no` (any case), or unset.
+fn dashboard_env_allows() -> bool {
+    std::env::var("FLOWGATE_DASHBOARD").map_or(true, |v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "false" | "0" | "no"
+        )
+    })
 }
 
 pub(super) fn run(args: ServeArgs) -> ExitCode {
@@ -86,6 +100,10 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     };
     config.noop = args.noop;
     config.ready_requires_store = args.ready_requires_store;
+    config.dashboard = !args.no_dashboard && dashboard_env_allows();
+    // The admin endpoints exist only with a token; its value is never logged.
+    config.admin_token = std::env::var_os("FLOWGATE_ADMIN_TOKEN")
+        .and_then(|token| crate::api::AdminToken::new(token.as_encoded_bytes()));
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,
@@ -189,6 +207,8 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             grpc = %args.grpc,
             rules = config.policy.rules.rules().len(),
             store = config.backend.kind(),
+            dashboard = config.dashboard,
+            admin = config.admin_token.is_some(),
             "flowgate serving"
         );
         if let (Some(addr), Some(upstream)) = (gateway_addr, &args.upstream) {

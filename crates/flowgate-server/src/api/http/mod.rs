@@ -12,6 +12,7 @@
 //! Malformed bodies get 400 with an RFC 9457 `application/problem+json` body; every decision
 //! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
 
+pub(crate) mod admin;
 pub(crate) mod check;
 mod config;
 
@@ -44,6 +45,10 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/config", get(config::config))
+        .route(
+            "/v1/keys/{*descriptor}",
+            get(admin::inspect).delete(admin::reset),
+        )
         .with_state(service)
 }
 
