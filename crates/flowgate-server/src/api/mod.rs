@@ -6,7 +6,7 @@ pub mod answer;
 pub mod grpc;
 pub mod http;
 pub mod noop;
-pub(crate) mod openapi;
+pub mod openapi;
 pub(crate) mod problem;
 pub mod rls;
 
