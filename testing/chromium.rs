@@ -283,4 +283,3 @@ impl Tab {
         std::fs::write(path, png).unwrap();
     }
 }
-

@@ -10,7 +10,12 @@
 //! `denied`: 10,000 addresses, each already over its limit (1 per hour), so every decision is
 //! a denial that `TopKeys` records. `allowed`: the same addresses under a limit nothing
 //! reaches. Instructions ÷ `FLOWGATE_BENCH_N` (default 200,000) is the figure.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, clippy::print_stdout)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    clippy::print_stdout
+)]
 
 use std::future::Future;
 use std::hint::black_box;

@@ -10,9 +10,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{self, AdminToken, Service};
-use crate::dashboard::{self, Dashboard};
 use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
+use crate::dashboard::{self, Dashboard};
 use crate::gateway::ws::{self as ws_gateway, WsGateway};
 use crate::gateway::{self, Gateway, Upstream};
 

@@ -37,7 +37,9 @@ async fn server(token: Option<&str>) -> TestServer {
 
 fn check(key: &str, value: &str) -> String {
     let value = serde_json::to_string(value).unwrap();
-    format!(r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"{key}","value":{value}}}]}}]}}"#)
+    format!(
+        r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"{key}","value":{value}}}]}}]}}"#
+    )
 }
 
 fn assert_problem(response: &HttpResponse, status: u16, type_end: &str) {
@@ -48,10 +50,7 @@ fn assert_problem(response: &HttpResponse, status: u16, type_end: &str) {
     );
     let body = response.json();
     assert_eq!(body["status"], status, "{body}");
-    assert!(
-        body["type"].as_str().unwrap().ends_with(type_end),
-        "{body}"
-    );
+    assert!(body["type"].as_str().unwrap().ends_with(type_end), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,7 +62,11 @@ async fn without_the_variable_the_endpoints_are_disabled_for_everyone() {
                 .request_with(method, "/v1/keys/api/user=u", auth, "")
                 .await;
             assert_problem(&response, 404, "/admin-disabled");
-            assert!(response.body.contains("FLOWGATE_ADMIN_TOKEN"), "{}", response.body);
+            assert!(
+                response.body.contains("FLOWGATE_ADMIN_TOKEN"),
+                "{}",
+                response.body
+            );
         }
     }
     // An empty token is no token.
@@ -83,7 +86,9 @@ async fn a_missing_or_wrong_token_is_refused_and_touches_nothing() {
         "Bearer wrong-token".to_owned(),
     ];
     for method in ["GET", "DELETE"] {
-        let none = server.request_with(method, "/v1/keys/api/user=u", &[], "").await;
+        let none = server
+            .request_with(method, "/v1/keys/api/user=u", &[], "")
+            .await;
         assert_problem(&none, 401, "/unauthorized");
         assert_eq!(
             none.header("www-authenticate"),
@@ -91,19 +96,32 @@ async fn a_missing_or_wrong_token_is_refused_and_touches_nothing() {
         );
         let basic = format!("Basic {TOKEN}");
         let other_scheme = server
-            .request_with(method, "/v1/keys/api/user=u", &[("authorization", &basic)], "")
+            .request_with(
+                method,
+                "/v1/keys/api/user=u",
+                &[("authorization", &basic)],
+                "",
+            )
             .await;
         assert_problem(&other_scheme, 401, "/unauthorized");
         for auth in &wrong {
             let response = server
-                .request_with(method, "/v1/keys/api/user=u", &[("authorization", auth)], "")
+                .request_with(
+                    method,
+                    "/v1/keys/api/user=u",
+                    &[("authorization", auth)],
+                    "",
+                )
                 .await;
             assert_problem(&response, 403, "/forbidden");
             assert!(!response.body.contains(TOKEN), "the token is never echoed");
         }
     }
     // No refused DELETE reset the counter: the user is still limited.
-    assert_eq!(server.post("/v1/check", &check("user", "u")).await.status, 429);
+    assert_eq!(
+        server.post("/v1/check", &check("user", "u")).await.status,
+        429
+    );
     server.stop().await;
 }
 
@@ -113,39 +131,77 @@ async fn with_the_token_a_counter_is_inspected_and_reset() {
     let auth = format!("bearer {TOKEN}"); // the scheme is case-insensitive
     let auth = [("authorization", auth.as_str())];
     for _ in 0..2 {
-        assert_eq!(server.post("/v1/check", &check("user", "ann")).await.status, 200);
+        assert_eq!(
+            server.post("/v1/check", &check("user", "ann")).await.status,
+            200
+        );
     }
-    let seen = server.request_with("GET", "/v1/keys/api/user=ann", &auth, "").await;
+    let seen = server
+        .request_with("GET", "/v1/keys/api/user=ann", &auth, "")
+        .await;
     assert_eq!(seen.status, 200, "{}", seen.body);
     assert_eq!(seen.header("cache-control"), Some("no-store"));
     let body = seen.json();
     assert_eq!(body["domain"], "api");
-    assert_eq!(body["descriptor"], serde_json::json!([{"key": "user", "value": "ann"}]));
+    assert_eq!(
+        body["descriptor"],
+        serde_json::json!([{"key": "user", "value": "ann"}])
+    );
     assert_eq!(body["rule"], "user");
     assert_eq!(body["name"], "per_user");
     assert_eq!(body["counted"], true);
     assert_eq!(body["algorithm"], "gcra");
-    assert_eq!((body["limit"].as_u64(), body["burst"].as_u64()), (Some(3), Some(3)));
+    assert_eq!(
+        (body["limit"].as_u64(), body["burst"].as_u64()),
+        (Some(3), Some(3))
+    );
     assert_eq!(body["remaining"], 1, "{body}");
     assert!(body["reset_after_ms"].as_u64().unwrap() > 0, "{body}");
-    assert!(body["key"].as_str().unwrap().starts_with("api|user=ann#gcra:3:"), "{body}");
+    assert!(
+        body["key"]
+            .as_str()
+            .unwrap()
+            .starts_with("api|user=ann#gcra:3:"),
+        "{body}"
+    );
     // Inspecting takes nothing.
-    let again = server.request_with("GET", "/v1/keys/api/user=ann", &auth, "").await;
+    let again = server
+        .request_with("GET", "/v1/keys/api/user=ann", &auth, "")
+        .await;
     assert_eq!(again.json()["remaining"], 1);
-    assert_eq!(server.post("/v1/check", &check("user", "ann")).await.status, 200);
-    assert_eq!(server.post("/v1/check", &check("user", "ann")).await.status, 429);
+    assert_eq!(
+        server.post("/v1/check", &check("user", "ann")).await.status,
+        200
+    );
+    assert_eq!(
+        server.post("/v1/check", &check("user", "ann")).await.status,
+        429
+    );
 
-    let reset = server.request_with("DELETE", "/v1/keys/api/user=ann", &auth, "").await;
+    let reset = server
+        .request_with("DELETE", "/v1/keys/api/user=ann", &auth, "")
+        .await;
     assert_eq!(reset.status, 200, "{}", reset.body);
     assert_eq!(reset.json()["remaining"], 3);
-    assert_eq!(server.post("/v1/check", &check("user", "ann")).await.status, 200);
+    assert_eq!(
+        server.post("/v1/check", &check("user", "ann")).await.status,
+        200
+    );
     // Only that counter: another user's is untouched.
     server.post("/v1/check", &check("user", "bob")).await;
-    let bob = server.request_with("GET", "/v1/keys/api/user=bob", &auth, "").await;
+    let bob = server
+        .request_with("GET", "/v1/keys/api/user=bob", &auth, "")
+        .await;
     assert_eq!(bob.json()["remaining"], 2);
 
     // A value with `/` and spaces, percent-encoded in the path.
-    assert_eq!(server.post("/v1/check", &check("path", "/a b")).await.status, 200);
+    assert_eq!(
+        server
+            .post("/v1/check", &check("path", "/a b"))
+            .await
+            .status,
+        200
+    );
     let path = server
         .request_with("GET", "/v1/keys/api/path=%2Fa%20b", &auth, "")
         .await;
@@ -154,15 +210,26 @@ async fn with_the_token_a_counter_is_inspected_and_reset() {
     assert_eq!(path.json()["remaining"], 0);
 
     // Uncounted rules say so; unmatched descriptors and malformed paths are problems.
-    let free = server.request_with("GET", "/v1/keys/api/free=x", &auth, "").await;
+    let free = server
+        .request_with("GET", "/v1/keys/api/free=x", &auth, "")
+        .await;
     assert_eq!(free.status, 200);
     assert_eq!(free.json()["counted"], false);
     assert!(free.json().get("remaining").is_none());
-    let none = server.request_with("GET", "/v1/keys/api/nope=x", &auth, "").await;
+    let none = server
+        .request_with("GET", "/v1/keys/api/nope=x", &auth, "")
+        .await;
     assert_problem(&none, 404, "/no-rule");
-    let unknown = server.request_with("GET", "/v1/keys/other/user=x", &auth, "").await;
+    let unknown = server
+        .request_with("GET", "/v1/keys/other/user=x", &auth, "")
+        .await;
     assert_problem(&unknown, 404, "/no-rule");
-    for bad in ["/v1/keys/api", "/v1/keys/api/user", "/v1/keys/api/=x", "/v1/keys/api/user=%FF"] {
+    for bad in [
+        "/v1/keys/api",
+        "/v1/keys/api/user",
+        "/v1/keys/api/=x",
+        "/v1/keys/api/user=%FF",
+    ] {
         let response = server.request_with("GET", bad, &auth, "").await;
         assert_problem(&response, 400, "/bad-request");
     }
@@ -177,7 +244,13 @@ fn the_binary_takes_the_token_from_its_environment() {
         let (http, grpc) = (free_port(), free_port());
         let mut command = Command::new(env!("CARGO_BIN_EXE_flowgate"));
         command
-            .args(["serve", "--http", &http.to_string(), "--grpc", &grpc.to_string()])
+            .args([
+                "serve",
+                "--http",
+                &http.to_string(),
+                "--grpc",
+                &grpc.to_string(),
+            ])
             .env_remove("FLOWGATE_ADMIN_TOKEN")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

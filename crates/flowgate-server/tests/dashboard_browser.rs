@@ -30,7 +30,9 @@ descriptors:
 "#;
 
 fn check(key: &str, value: &str) -> String {
-    format!(r#"{{"domain":"edge","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#)
+    format!(
+        r#"{{"domain":"edge","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,11 +53,17 @@ async fn the_dashboard_shows_the_chart_denials_and_the_top_limited_key() {
                     break;
                 }
                 for _ in 0..4 {
-                    server.post("/v1/check", &check("remote_address", "203.0.113.66")).await;
+                    server
+                        .post("/v1/check", &check("remote_address", "203.0.113.66"))
+                        .await;
                 }
-                server.post("/v1/check", &check("api_key", "key-noisy")).await;
+                server
+                    .post("/v1/check", &check("api_key", "key-noisy"))
+                    .await;
                 let polite = format!("198.51.100.{}", round % 50);
-                server.post("/v1/check", &check("remote_address", &polite)).await;
+                server
+                    .post("/v1/check", &check("remote_address", &polite))
+                    .await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
@@ -63,14 +71,18 @@ async fn the_dashboard_shows_the_chart_denials_and_the_top_limited_key() {
 
     let mut tab = chromium.tab().await;
     let secs = Duration::from_secs;
-    tab.navigate(&format!("http://{}/dashboard", server.http)).await;
+    tab.navigate(&format!("http://{}/dashboard", server.http))
+        .await;
     tab.wait_for(
         "return document.readyState === 'complete' && q('conn').dataset.state === 'open';",
         secs(10),
     )
     .await;
     let denied = tab
-        .wait_for("return Number(q('denied-total').dataset.value || 0);", secs(10))
+        .wait_for(
+            "return Number(q('denied-total').dataset.value || 0);",
+            secs(10),
+        )
         .await;
     assert!(denied.as_f64().unwrap() > 0.0, "{denied}");
     let top = tab
@@ -80,7 +92,10 @@ async fn the_dashboard_shows_the_chart_denials_and_the_top_limited_key() {
             secs(10),
         )
         .await;
-    assert_eq!(top, "edge/remote_address=203.0.113.66", "the heaviest denied key comes first");
+    assert_eq!(
+        top, "edge/remote_address=203.0.113.66",
+        "the heaviest denied key comes first"
+    );
     // The chart: a series per rule, drawn over several samples, with a non-zero denied rate.
     let chart = tab
         .wait_for(
@@ -90,7 +105,13 @@ async fn the_dashboard_shows_the_chart_denials_and_the_top_limited_key() {
             secs(10),
         )
         .await;
-    assert!(chart["legend"].as_str().unwrap().contains("edge/remote_address"), "{chart}");
+    assert!(
+        chart["legend"]
+            .as_str()
+            .unwrap()
+            .contains("edge/remote_address"),
+        "{chart}"
+    );
     // A few seconds of history, so the screenshot shows lines.
     tokio::time::sleep(secs(4)).await;
     let rules = tab

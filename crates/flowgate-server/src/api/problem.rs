@@ -21,7 +21,6 @@ impl Problem {
         })
     }
 
-
     /// A problem of the service's own `type` (`https://flowgate.dev/problems/{kind}`).
     pub(crate) fn new(
         status: StatusCode,

@@ -97,10 +97,12 @@ impl Dashboard {
             let json: Arc<str> = serde_json::to_string(&snapshot).unwrap_or_default().into();
             *self.latest.lock() = Some(json.clone());
             // A full channel skips this snapshot for that subscriber; a closed one is gone.
-            self.subscribers.lock().retain(|tx| match tx.try_send(json.clone()) {
-                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            });
+            self.subscribers
+                .lock()
+                .retain(|tx| match tx.try_send(json.clone()) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
         }
         self.subscribers.lock().clear();
         Ok(())

@@ -119,7 +119,8 @@ mod tests {
         RuleSet::build(vec![DomainSpec::new(
             "d",
             vec![
-                RuleSpec::new("user").with_limit(LimitSpec::new(Rate::Limited(Quota::per_minute(3)))),
+                RuleSpec::new("user")
+                    .with_limit(LimitSpec::new(Rate::Limited(Quota::per_minute(3)))),
                 RuleSpec::new("open").with_limit(LimitSpec::new(Rate::Unlimited)),
             ],
         )])
@@ -159,8 +160,14 @@ mod tests {
             let (rules, store) = (&rules, &store);
             async move { inspect(rules, store, domain, &entries).await.unwrap() }
         };
-        assert_eq!(lookup(vec![Entry::new("nope", "x")], "d").await, Lookup::NoRule);
-        assert_eq!(lookup(vec![Entry::new("user", "x")], "other").await, Lookup::NoRule);
+        assert_eq!(
+            lookup(vec![Entry::new("nope", "x")], "d").await,
+            Lookup::NoRule
+        );
+        assert_eq!(
+            lookup(vec![Entry::new("user", "x")], "other").await,
+            Lookup::NoRule
+        );
         assert!(matches!(
             lookup(vec![Entry::new("open", "x")], "d").await,
             Lookup::NotCounted(rule) if rule.path == "open"

@@ -208,7 +208,7 @@ pub(crate) async fn reset(
 
 /// Both verbs: the token, the path, then the store.
 async fn keys(service: &Service, method: Method, uri: &Uri, headers: &HeaderMap) -> Response {
-    if let Err(refusal) = authorize(service, headers) {
+    if let Some(refusal) = refusal(service, headers) {
         return refusal;
     }
     let (domain, entries) = match parse_path(uri.path()) {
@@ -281,16 +281,18 @@ async fn keys(service: &Service, method: Method, uri: &Uri, headers: &HeaderMap)
     response
 }
 
-/// `Ok` when the request carries the admin token; otherwise the refusal.
-fn authorize(service: &Service, headers: &HeaderMap) -> Result<(), Response> {
+/// The refusal of a request that does not carry the admin token; `None` when it does.
+fn refusal(service: &Service, headers: &HeaderMap) -> Option<Response> {
     let Some(token) = service.admin_token() else {
-        return Err(Problem::new(
-            StatusCode::NOT_FOUND,
-            "https://flowgate.dev/problems/admin-disabled",
-            "Admin endpoints disabled",
-            "the admin endpoints are disabled: start the server with FLOWGATE_ADMIN_TOKEN set",
-        )
-        .into_response());
+        return Some(
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "https://flowgate.dev/problems/admin-disabled",
+                "Admin endpoints disabled",
+                "the admin endpoints are disabled: start the server with FLOWGATE_ADMIN_TOKEN set",
+            )
+            .into_response(),
+        );
     };
     let presented = headers
         .get(header::AUTHORIZATION)
@@ -314,16 +316,18 @@ fn authorize(service: &Service, headers: &HeaderMap) -> Result<(), Response> {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"flowgate-admin\""),
             );
-            Err(response)
+            Some(response)
         }
-        Some(presented) if token.matches(presented.as_bytes()) => Ok(()),
-        Some(_) => Err(Problem::new(
-            StatusCode::FORBIDDEN,
-            "https://flowgate.dev/problems/forbidden",
-            "Forbidden",
-            "the bearer token is not the admin token",
-        )
-        .into_response()),
+        Some(presented) if token.matches(presented.as_bytes()) => None,
+        Some(_) => Some(
+            Problem::new(
+                StatusCode::FORBIDDEN,
+                "https://flowgate.dev/problems/forbidden",
+                "Forbidden",
+                "the bearer token is not the admin token",
+            )
+            .into_response(),
+        ),
     }
 }
 
@@ -344,7 +348,10 @@ mod tests {
             "/v1/keys/edge%2Fx/remote_address=10.0.0.1/path=%2Fapi%2Fa%3Db%20c%25"
         );
         let (domain, parsed) = parse_path(&path).unwrap();
-        assert_eq!((domain.as_str(), parsed.as_slice()), ("edge/x", &entries[..]));
+        assert_eq!(
+            (domain.as_str(), parsed.as_slice()),
+            ("edge/x", &entries[..])
+        );
     }
 
     #[test]
@@ -360,7 +367,10 @@ mod tests {
             assert!(parse_path(path).is_err(), "{path}");
         }
         // An empty value is a value.
-        assert_eq!(parse_path("/v1/keys/d/k=").unwrap().1, [Entry::new("k", "")]);
+        assert_eq!(
+            parse_path("/v1/keys/d/k=").unwrap().1,
+            [Entry::new("k", "")]
+        );
     }
 
     #[test]
