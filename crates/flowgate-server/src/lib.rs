@@ -8,6 +8,7 @@
 //! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
 //! * [`listen`]: bounded listeners (connection cap, header read timeout);
 //! * [`metrics`]: Prometheus metrics;
+//! * [`dashboard`]: the live page at `/dashboard`;
 //! * [`server`]: `run(config, listeners, shutdown)`;
 //! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`.
 
@@ -15,6 +16,7 @@ pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod gateway;
 pub mod listen;
 pub mod metrics;

@@ -189,6 +189,18 @@ pub struct RuleCounters {
     shadow_mode: Counter,
 }
 
+impl RuleCounters {
+    /// Units allowed so far (`flowgate_within_limit_total` of the rule).
+    pub fn allowed(&self) -> u64 {
+        self.within_limit.get()
+    }
+
+    /// Units denied so far, or let through by shadow mode (`flowgate_over_limit_total`).
+    pub fn denied(&self) -> u64 {
+        self.over_limit.get()
+    }
+}
+
 /// The service's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -197,6 +209,9 @@ pub struct Metrics {
     rules: RuleFamilies,
     store_errors: Family<KindLabel, Counter>,
     fallbacks: Family<ModeLabel, Counter>,
+    /// The same decisions by mode (`[open, closed, local]`), for the dashboard to read
+    /// without creating series.
+    fallback_totals: [Counter; 3],
     reloads: Family<ResultLabel, Counter>,
     version: Gauge,
     /// Decision latency per API, resolved once: `[grpc, json, check, gateway]`.
@@ -382,6 +397,7 @@ impl Metrics {
             rules,
             store_errors,
             fallbacks,
+            fallback_totals: Default::default(),
             reloads,
             version,
             latency,
@@ -421,6 +437,27 @@ impl Metrics {
         self.fallbacks
             .get_or_create(&ModeLabel { mode: mode.name() })
             .inc();
+        let i = match mode {
+            FailMode::Open => 0,
+            FailMode::Closed => 1,
+            FailMode::Local => 2,
+        };
+        self.fallback_totals[i].inc();
+    }
+
+    /// Decisions taken by a failure mode so far, as `(mode, count)` for open, closed, local.
+    pub fn fallback_totals(&self) -> [(&'static str, u64); 3] {
+        let [open, closed, local] = &self.fallback_totals;
+        [
+            ("open", open.get()),
+            ("closed", closed.get()),
+            ("local", local.get()),
+        ]
+    }
+
+    /// The WebSocket gateway's counters, once it runs.
+    pub fn websocket_totals(&self) -> Option<WsTotals> {
+        self.websocket.0.lock().as_ref().map(|read| read())
     }
 
     /// The counters of each rule of a new configuration, indexed by `Rule::id`; the series of

@@ -10,9 +10,10 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api::{self, Service};
+use crate::api::{self, AdminToken, Service};
 use crate::backend::Backend;
 use crate::config::{self, ConfigErrors, Policy, reload};
+use crate::dashboard::{self, Dashboard};
 use crate::gateway::ws::{self as ws_gateway, WsGateway};
 use crate::gateway::{self, Gateway, Upstream};
 use crate::listen::{Acceptor, ListenLimits};
@@ -47,6 +48,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Log every gateway request (`--access-log`).
     pub access_log: bool,
+    /// Serve the live dashboard at `/dashboard` (default on; `--no-dashboard`).
+    pub dashboard: bool,
+    /// The admin endpoints' token (`FLOWGATE_ADMIN_TOKEN`); `None` disables them.
+    pub admin_token: Option<AdminToken>,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -67,6 +72,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("drain_period", &self.drain_period)
             .field("grace_period", &self.grace_period)
             .field("listen", &self.listen)
+            .field("dashboard", &self.dashboard)
+            .field("admin", &self.admin_token.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +96,8 @@ impl ServerConfig {
             listen: ListenLimits::default(),
             max_body_bytes: api::DEFAULT_MAX_BODY_BYTES,
             access_log: false,
+            dashboard: true,
+            admin_token: None,
         })
     }
 }
@@ -143,7 +152,8 @@ pub async fn run(
     let (drain_period, grace_period) = (config.drain_period, config.grace_period);
     let limits = config.listen;
     let access_log = config.access_log;
-    let service = Arc::new(Service::new(config.policy, config.backend));
+    let service =
+        Arc::new(Service::new(config.policy, config.backend).with_admin_token(config.admin_token));
     service.require_store_for_readiness(config.ready_requires_store);
     service.set_max_body_bytes(config.max_body_bytes);
     let (stop, stopped) = watch::channel(false);
@@ -159,6 +169,10 @@ pub async fn run(
     if let Some(listener) = listeners.http {
         let router = if noop {
             api::noop::router()
+        } else if config.dashboard {
+            let dashboard = Dashboard::new(service.clone());
+            tasks.spawn(dashboard.clone().run(signal(stopped.clone())));
+            api::http::router(service.clone()).merge(dashboard::router(dashboard))
         } else {
             api::http::router(service.clone())
         };

@@ -6,7 +6,8 @@ pub mod answer;
 pub mod grpc;
 pub mod http;
 pub mod noop;
-mod problem;
+pub mod openapi;
+pub(crate) mod problem;
 pub mod rls;
 
 use std::sync::Arc;
@@ -17,6 +18,8 @@ use ::http::HeaderValue;
 use arc_swap::ArcSwap;
 use flowgate::envoy::{Descriptor, Verdict};
 use flowgate::http::answer::Answer;
+
+use flowgate::top::TopKeys;
 
 use crate::backend::Backend;
 
@@ -46,6 +49,11 @@ impl Active {
         }
     }
 
+    /// Each rule's metric counters, by rule id (as in `policy.rules.rules()`).
+    pub fn rule_counters(&self) -> &[RuleCounters] {
+        &self.counters
+    }
+
     /// The client-visible answer to `verdict` (decided under this configuration).
     pub fn answer(&self, verdict: &Verdict<'_>) -> Answer {
         answer::answer(verdict, &self.items)
@@ -69,6 +77,51 @@ pub struct Service {
     ready_requires_store: AtomicBool,
     /// The largest request body `/json` and `/v1/check` read (a larger one is a 413).
     max_body_bytes: AtomicUsize,
+    /// The bearer token of the admin endpoints; `None` disables them.
+    admin_token: Option<AdminToken>,
+    /// The last reload's outcome, for the dashboard (`None` until a reload is tried).
+    last_reload: parking_lot::Mutex<Option<ReloadOutcome>>,
+    /// The heaviest denied keys, per domain and descriptor (fixed memory).
+    top_denied: TopKeys,
+}
+
+/// What the last configuration reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadOutcome {
+    /// When it was tried (milliseconds since the Unix epoch).
+    pub at_ms: u64,
+    /// Whether the new configuration was installed.
+    pub ok: bool,
+    /// The version running after it.
+    pub version: u64,
+    /// Why the files were rejected (one line per error, with file:line:column); empty when ok.
+    pub errors: Vec<String>,
+}
+
+/// The admin endpoints' bearer token (`FLOWGATE_ADMIN_TOKEN`): compared in constant time, and
+/// never printed (its `Debug` shows nothing of it).
+#[derive(Clone)]
+pub struct AdminToken(Arc<[u8]>);
+
+impl AdminToken {
+    /// The token `secret`; `None` when it is empty (an empty token would admit anyone).
+    pub fn new(secret: impl AsRef<[u8]>) -> Option<Self> {
+        let secret = secret.as_ref();
+        (!secret.is_empty()).then(|| AdminToken(secret.into()))
+    }
+
+    /// Whether `presented` is the token, in time that does not depend on where they differ.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        use subtle::ConstantTimeEq as _;
+        // `ct_eq` on slices of different lengths answers at once; the length is not secret.
+        bool::from(self.0.as_ref().ct_eq(presented))
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
 }
 
 /// The default largest body of an HTTP API request: an RLS request is a few hundred bytes.
@@ -103,7 +156,31 @@ impl Service {
             draining: AtomicBool::new(false),
             ready_requires_store: AtomicBool::new(false),
             max_body_bytes: AtomicUsize::new(DEFAULT_MAX_BODY_BYTES),
+            admin_token: None,
+            last_reload: parking_lot::Mutex::new(None),
+            top_denied: TopKeys::new(TOP_KEYS_CAPACITY),
         }
+    }
+
+    /// Enables the admin endpoints (`/v1/keys/...`) behind `token`.
+    pub fn with_admin_token(mut self, token: Option<AdminToken>) -> Self {
+        self.admin_token = token;
+        self
+    }
+
+    /// The admin endpoints' token, when they are enabled.
+    pub fn admin_token(&self) -> Option<&AdminToken> {
+        self.admin_token.as_ref()
+    }
+
+    /// The last reload's outcome, once one was tried.
+    pub fn last_reload(&self) -> Option<ReloadOutcome> {
+        self.last_reload.lock().clone()
+    }
+
+    /// The heaviest denied keys (`domain/key=value/...`, as the admin endpoints name them).
+    pub fn top_denied(&self) -> &TopKeys {
+        &self.top_denied
     }
 
     /// Makes `/readyz` fail while the store does not answer (strict readiness; see
@@ -174,6 +251,9 @@ impl Service {
         for (result, request) in verdict.descriptors.iter().zip(descriptors) {
             self.metrics
                 .record(domain, result, &active.counters, || detail_name(request));
+            if result.over_limit() {
+                record_denied(&self.top_denied, domain, request, result.hits);
+            }
         }
         self.metrics
             .observe_latency(api, started.elapsed().as_secs_f64());
@@ -185,6 +265,23 @@ impl Service {
     pub async fn store_reachable(&self, timeout: Duration) -> bool {
         self.backend.reachable(timeout).await
     }
+}
+
+/// Counters of the service's top denied keys: about 100 KiB, and an error of at most
+/// (denied units) / 4096 on each reported count.
+pub const TOP_KEYS_CAPACITY: usize = 4096;
+
+/// Counts a denied descriptor in `top` under its admin path (`domain/key=value/...`), built in
+/// a reused buffer: a denial allocates nothing here.
+fn record_denied(top: &TopKeys, domain: &str, request: &Descriptor, hits: u64) {
+    thread_local! {
+        static NAME: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    NAME.with_borrow_mut(|name| {
+        name.clear();
+        http::admin::write_path(name, domain, &request.entries);
+        top.record_n(name.as_bytes(), hits.max(1));
+    });
 }
 
 /// The metric series name of a `detailed_metric` rule: the request's descriptor as
@@ -221,6 +318,12 @@ impl reload::Target for Service {
 
     fn install(&self, policy: Policy) {
         let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.last_reload.lock() = Some(ReloadOutcome {
+            at_ms: unix_millis(),
+            ok: true,
+            version,
+            errors: Vec::new(),
+        });
         tracing::info!(
             version,
             rules = policy.rules.rules().len(),
@@ -233,6 +336,19 @@ impl reload::Target for Service {
 
     fn rejected(&self, errors: &ConfigErrors) {
         tracing::error!("configuration rejected; the running policy stays live:\n{errors}");
+        *self.last_reload.lock() = Some(ReloadOutcome {
+            at_ms: unix_millis(),
+            ok: false,
+            version: self.active.load().version,
+            errors: errors.to_string().lines().map(str::to_owned).collect(),
+        });
         self.metrics.reloaded(false, 0);
     }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

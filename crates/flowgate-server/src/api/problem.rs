@@ -20,6 +20,20 @@ impl Problem {
             ..Body::status(StatusCode::BAD_REQUEST, detail)
         })
     }
+
+    /// A problem of the service's own `type` (`https://flowgate.dev/problems/{kind}`).
+    pub(crate) fn new(
+        status: StatusCode,
+        type_uri: &'static str,
+        title: &str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Problem(Body {
+            type_uri,
+            title: title.into(),
+            ..Body::status(status, detail)
+        })
+    }
 }
 
 impl Problem {

@@ -112,6 +112,9 @@ pub struct ServeArgs {
     /// path without the query, status, time to the response head).
     #[arg(long, env = "FLOWGATE_ACCESS_LOG")]
     pub access_log: bool,
+    /// Do not serve the live dashboard (`/dashboard`); also `FLOWGATE_DASHBOARD=off`.
+    #[arg(long)]
+    pub no_dashboard: bool,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
     #[arg(long, hide = true, env = "FLOWGATE_NOOP")]
@@ -137,6 +140,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether `FLOWGATE_DASHBOARD` leaves the dashboard on: anything but `off`, `false`, `0`
+/// or `no` (any case), or unset.
+fn dashboard_env_allows() -> bool {
+    std::env::var("FLOWGATE_DASHBOARD").map_or(true, |v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "false" | "0" | "no"
+        )
+    })
+}
+
 pub(super) fn run(args: ServeArgs) -> ExitCode {
     let mut config = match ServerConfig::load(args.config) {
         Ok(config) => config,
@@ -156,6 +170,10 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
         header_read_timeout: args.header_read_timeout,
         max_header_bytes: args.max_header_bytes,
     };
+    config.dashboard = !args.no_dashboard && dashboard_env_allows();
+    // The admin endpoints exist only with a token; its value is never logged.
+    config.admin_token = std::env::var_os("FLOWGATE_ADMIN_TOKEN")
+        .and_then(|token| crate::api::AdminToken::new(token.as_encoded_bytes()));
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,
@@ -259,6 +277,8 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             grpc = %args.grpc,
             rules = config.policy.rules.rules().len(),
             store = config.backend.kind(),
+            dashboard = config.dashboard,
+            admin = config.admin_token.is_some(),
             "flowgate serving"
         );
         if let (Some(addr), Some(upstream)) = (gateway_addr, &args.upstream) {

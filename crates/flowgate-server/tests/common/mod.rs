@@ -126,10 +126,25 @@ impl TestServer {
     }
 
     pub async fn request(&self, method: &str, path: &str, body: &str) -> HttpResponse {
-        let request = hyper::Request::builder()
+        self.request_with(method, path, &[], body).await
+    }
+
+    /// `method path` with extra `headers`.
+    pub async fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> HttpResponse {
+        let mut request = hyper::Request::builder()
             .method(method)
             .uri(format!("http://{}{}", self.http, path))
-            .header("content-type", "application/json")
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
             .body(Full::new(Bytes::from(body.to_owned())))
             .unwrap();
         let response = tokio::time::timeout(Duration::from_secs(10), self.client.request(request))
@@ -238,6 +253,11 @@ pub fn http_post(addr: SocketAddr, path: &str, body: &str) -> String {
         body.len()
     );
     exchange(addr, &request).expect("an answer")
+}
+
+/// Writes a raw `request` on a new connection; the whole response.
+pub fn exchange_raw(addr: SocketAddr, request: &str) -> Option<String> {
+    exchange(addr, request)
 }
 
 /// Writes `request` on a new connection and reads until the server closes it.

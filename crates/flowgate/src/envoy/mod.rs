@@ -58,6 +58,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod check;
 mod descriptor;
 mod key;
@@ -66,6 +67,7 @@ mod rules;
 mod ruleset;
 mod unit;
 
+pub use admin::{CounterState, Lookup, inspect, reset};
 pub use check::{DescriptorVerdict, Status, Verdict, check};
 pub use descriptor::{Descriptor, Entry, LimitOverride};
 pub use key::counter_key;

@@ -21,7 +21,7 @@ use super::{answer_response, json_response};
 use crate::metrics::Api;
 
 /// `/v1/check` request body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CheckRequest {
     /// The domain.
@@ -33,7 +33,7 @@ pub(crate) struct CheckRequest {
     hits_addend: u64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CheckDescriptor {
     entries: Vec<CheckEntry>,
@@ -43,14 +43,14 @@ struct CheckDescriptor {
     limit: Option<CheckOverride>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CheckEntry {
     key: String,
     value: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CheckOverride {
     requests_per_unit: u64,
@@ -58,7 +58,7 @@ struct CheckOverride {
 }
 
 /// `/v1/check` response body.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct CheckResponse<'a> {
     /// Whether the request may go through.
     allowed: bool,
@@ -96,7 +96,7 @@ impl CheckResponse<'static> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct CheckResult<'a> {
     /// ok | over_limit | unlimited | unmatched | replaced | error
     status: &'static str,
@@ -230,7 +230,20 @@ pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64),
 }
 
 /// `POST /v1/check`.
-pub(super) async fn check(
+#[utoipa::path(
+    post,
+    path = "/v1/check",
+    tag = "decisions",
+    request_body = CheckRequest,
+    responses(
+        (status = 200, description = "Allowed", body = CheckResponse<'_>),
+        (status = 429, description = "Over a limit (the IETF RateLimit headers and Retry-After are set)", body = CheckResponse<'_>),
+        (status = 400, description = "Malformed request", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over --max-body-bytes", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not be asked and a limit fails closed", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn check(
     State(service): State<Arc<Service>>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {

@@ -14,7 +14,7 @@ use super::check::millis;
 use super::json_response;
 
 /// One rule in `GET /v1/config`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct RuleView<'a> {
     domain: &'a str,
     rule: &'a str,
@@ -39,8 +39,31 @@ struct RuleView<'a> {
     fail: Option<&'static str>,
 }
 
+/// `GET /v1/config` response body.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ConfigResponse<'a> {
+    /// 1 for the configuration loaded at start, +1 per successful reload.
+    version: u64,
+    /// A digest of the files' contents (hex).
+    digest: String,
+    /// When the files were loaded (seconds since the Unix epoch).
+    loaded_at_unix: u64,
+    /// The files, one domain each (empty for the built-in policy).
+    files: Vec<String>,
+    /// The domains, sorted.
+    domains: Vec<&'a str>,
+    /// Every rule that carries a limit.
+    rules: Vec<RuleView<'a>>,
+}
+
 /// `GET /v1/config`.
-pub(super) async fn config(State(service): State<Arc<Service>>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/v1/config",
+    tag = "operations",
+    responses((status = 200, description = "The running configuration", body = ConfigResponse<'_>))
+)]
+pub(crate) async fn config(State(service): State<Arc<Service>>) -> Response {
     let active = service.active();
     let policy = &active.policy;
     let rules: Vec<RuleView<'_>> = policy
@@ -78,13 +101,17 @@ pub(super) async fn config(State(service): State<Arc<Service>>) -> Response {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    let body = serde_json::json!({
-        "version": active.version,
-        "digest": format!("{:016x}", policy.digest),
-        "loaded_at_unix": loaded_at,
-        "files": policy.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
-        "domains": domains,
-        "rules": rules,
-    });
+    let body = ConfigResponse {
+        version: active.version,
+        digest: format!("{:016x}", policy.digest),
+        loaded_at_unix: loaded_at,
+        files: policy
+            .files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect(),
+        domains,
+        rules,
+    };
     json_response(StatusCode::OK, &body)
 }

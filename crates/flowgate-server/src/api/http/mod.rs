@@ -12,8 +12,9 @@
 //! Malformed bodies get 400 with an RFC 9457 `application/problem+json` body; every decision
 //! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
 
+pub(crate) mod admin;
 pub(crate) mod check;
-mod config;
+pub(crate) mod config;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,10 +43,15 @@ pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/json", post(json))
         .route("/v1/check", post(check::check))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/config", get(config::config))
+        .route(
+            "/v1/keys/{*descriptor}",
+            get(admin::inspect).delete(admin::reset),
+        )
+        .route("/openapi.json", get(super::openapi::serve))
         .layer(limit)
         .with_state(service)
 }
@@ -71,6 +77,17 @@ pub(crate) fn body_or_problem(
             Problem::status(status, rejection.body_text())
         }
     })
+}
+
+/// `GET /healthz`: the process is up.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "The process is alive", content_type = "text/plain", body = String))
+)]
+pub(crate) async fn healthz() -> &'static str {
+    "ok\n"
 }
 
 /// `body` as JSON with `status`.
@@ -104,7 +121,20 @@ pub(crate) fn parse_json(
 }
 
 /// `POST /json`: envoyproxy/ratelimit's HTTP endpoint.
-async fn json(
+#[utoipa::path(
+    post,
+    path = "/json",
+    tag = "decisions",
+    request_body(content = Object, description = "envoy.service.ratelimit.v3.RateLimitRequest in proto-JSON: `domain`, `descriptors` (`entries` of `key`/`value`, optional `hitsAddend`, `limit`), `hitsAddend`"),
+    responses(
+        (status = 200, description = "OK", body = JsonResponse),
+        (status = 429, description = "OVER_LIMIT", body = JsonResponse),
+        (status = 400, description = "Malformed request", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over --max-body-bytes", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not be asked and a limit fails closed", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn json(
     State(service): State<Arc<Service>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -147,22 +177,31 @@ async fn json(
 /// store's health is reported beside it, and counts only in strict mode
 /// (`--ready-requires-store`): a store outage is what each rule's `fail` mode is for, and must
 /// not take every instance out of a load balancer at once.
-async fn readyz(State(service): State<Arc<Service>>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = ReadyResponse),
+        (status = 503, description = "Draining, or (strict mode) the store does not answer", body = ReadyResponse),
+    )
+)]
+pub(crate) async fn readyz(State(service): State<Arc<Service>>) -> Response {
     let version = service.active().version;
     let store = service.store_reachable(READY_TIMEOUT).await;
     let backend = service.backend();
     let draining = service.is_draining();
     let strict = service.readiness_requires_store();
     let ready = !draining && (store || !strict);
-    let body = serde_json::json!({
-        "ready": ready,
-        "draining": draining,
-        "config_version": version,
-        "store": if store { "ok" } else { "unreachable" },
-        "store_kind": backend.kind(),
-        "store_required": strict,
-        "breaker_open": backend.fallback_stats().is_some_and(|s| s.breaker_open),
-    });
+    let body = ReadyResponse {
+        ready,
+        draining,
+        config_version: version,
+        store: if store { "ok" } else { "unreachable" },
+        store_kind: backend.kind(),
+        store_required: strict,
+        breaker_open: backend.fallback_stats().is_some_and(|s| s.breaker_open),
+    };
     let status = if ready {
         StatusCode::OK
     } else {
@@ -171,8 +210,33 @@ async fn readyz(State(service): State<Arc<Service>>) -> Response {
     json_response(status, &body)
 }
 
+/// `GET /readyz` response body.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ReadyResponse {
+    /// Whether the server takes traffic.
+    ready: bool,
+    /// Whether it is stopping.
+    draining: bool,
+    /// The running configuration's version.
+    config_version: u64,
+    /// `ok` or `unreachable`.
+    store: &'static str,
+    /// `local` or `shared`.
+    store_kind: &'static str,
+    /// Whether readiness requires the store (`--ready-requires-store`).
+    store_required: bool,
+    /// Whether the shared store's circuit breaker is open.
+    breaker_open: bool,
+}
+
 /// `GET /metrics`.
-async fn metrics(State(service): State<Arc<Service>>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Every metric in the OpenMetrics text format", content_type = "application/openmetrics-text", body = String))
+)]
+pub(crate) async fn metrics(State(service): State<Arc<Service>>) -> Response {
     let mut response = service.metrics().encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

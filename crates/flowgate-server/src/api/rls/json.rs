@@ -149,7 +149,7 @@ impl JsonRequest {
 
 /// `RateLimitResponse` in canonical proto-JSON: lowerCamelCase names, enums by name, default
 /// values omitted, durations as `"1.5s"`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JsonResponse {
     overall_code: &'static str,
@@ -159,7 +159,7 @@ pub struct JsonResponse {
     response_headers_to_add: Vec<JsonHeader>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct JsonStatus {
     code: &'static str,
@@ -171,7 +171,7 @@ struct JsonStatus {
     duration_until_reset: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct JsonLimit {
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -181,7 +181,7 @@ struct JsonLimit {
     unit: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct JsonHeader {
     key: String,
     value: String,

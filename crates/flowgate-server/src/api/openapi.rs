@@ -1,0 +1,103 @@
+//! `GET /openapi.json`: the HTTP API described as OpenAPI 3.1, generated from the handlers'
+//! annotations and the response types themselves (utoipa), so it cannot drift from the code.
+
+use utoipa::ToSchema;
+
+/// An RFC 9457 problem (`application/problem+json`), as every refusal of the HTTP API is
+/// written.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ProblemBody {
+    /// A URI naming the kind of problem (`about:blank` when the status says it all).
+    #[schema(rename = "type")]
+    type_uri: String,
+    /// A short summary of the kind of problem.
+    title: String,
+    /// The HTTP status.
+    status: u16,
+    /// What happened this time.
+    detail: String,
+    /// The limits a 429 exceeded.
+    #[schema(rename = "violated-policies")]
+    violated_policies: Option<Vec<String>>,
+}
+
+use std::sync::OnceLock;
+
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+/// The document: every route of the HTTP API.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Flowgate",
+        description = "The Flowgate rate-limit service's HTTP API (the Envoy RLS gRPC API is described by its .proto). See docs/service.md.",
+        license(name = "MIT OR Apache-2.0"),
+    ),
+    paths(
+        super::http::json,
+        super::http::check::check,
+        super::http::healthz,
+        super::http::readyz,
+        super::http::metrics,
+        super::http::config::config,
+        super::http::admin::inspect,
+        super::http::admin::reset,
+        serve,
+        crate::dashboard::page,
+        crate::dashboard::events,
+        crate::dashboard::latest,
+    ),
+    components(schemas(ProblemBody)),
+    modifiers(&AdminSecurity),
+    tags(
+        (name = "decisions", description = "Rate-limit decisions"),
+        (name = "operations", description = "Health, readiness, metrics, configuration"),
+        (name = "admin", description = "Counters, behind `Authorization: Bearer <FLOWGATE_ADMIN_TOKEN>`; disabled (404) without the variable"),
+        (name = "dashboard", description = "The live dashboard (off with --no-dashboard)"),
+    )
+)]
+pub(crate) struct ApiDoc;
+
+/// Declares the admin endpoints' bearer token.
+struct AdminSecurity;
+
+impl Modify for AdminSecurity {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The value of FLOWGATE_ADMIN_TOKEN"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document as JSON (built once).
+pub fn document() -> &'static str {
+    static JSON: OnceLock<String> = OnceLock::new();
+    JSON.get_or_init(|| ApiDoc::openapi().to_json().unwrap_or_default())
+}
+
+/// `GET /openapi.json`.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json", body = Object))
+)]
+pub(crate) async fn serve() -> Response {
+    let mut response = document().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
