@@ -104,13 +104,7 @@ impl Dashboard {
                 continue;
             }
             let json = self.sample().await;
-            // A full channel skips this snapshot for that subscriber; a closed one is gone.
-            self.subscribers
-                .lock()
-                .retain(|tx| match tx.try_send(json.clone()) {
-                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                });
+            self.broadcast(&json);
         }
         self.subscribers.lock().clear();
         Ok(())
