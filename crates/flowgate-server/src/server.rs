@@ -128,21 +128,19 @@ pub async fn run(
     }
     if let Some(listener) = listeners.grpc {
         let shutdown = signal(stopped.clone());
-        let mut grpc = tonic::transport::Server::builder();
-        let router = if noop {
-            grpc.add_service(api::noop::NoopRls::server())
+        if noop {
+            tasks.spawn(api::grpc::serve(
+                listener,
+                api::noop::NoopRls::server(),
+                shutdown,
+            ));
         } else {
-            grpc.add_service(api::grpc::Rls::server(service.clone()))
-        };
-        tasks.spawn(async move {
-            router
-                .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    shutdown,
-                )
-                .await
-                .map_err(std::io::Error::other)
-        });
+            tasks.spawn(api::grpc::serve(
+                listener,
+                api::grpc::Rls::server(service.clone()),
+                shutdown,
+            ));
+        }
     }
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
         let gateway = Arc::new(Gateway::new(service.clone(), upstream, fallback));
