@@ -186,19 +186,20 @@ pub async fn run(
     }
     if let Some(listener) = listeners.grpc {
         let shutdown = signal(stopped.clone());
-        let mut grpc = tonic::transport::Server::builder();
-        let router = if noop {
-            grpc.add_service(api::noop::NoopRls::server())
-        } else {
-            grpc.add_service(api::grpc::Rls::server(service.clone()))
-        };
         let acceptor = Acceptor::new(listener, limits, service.metrics().listener("grpc"));
-        tasks.spawn(async move {
-            router
-                .serve_with_incoming_shutdown(acceptor.into_incoming(), shutdown)
-                .await
-                .map_err(std::io::Error::other)
-        });
+        if noop {
+            tasks.spawn(api::grpc::serve(
+                acceptor,
+                api::noop::NoopRls::server(),
+                shutdown,
+            ));
+        } else {
+            tasks.spawn(api::grpc::serve(
+                acceptor,
+                api::grpc::Rls::server(service.clone()),
+                shutdown,
+            ));
+        }
     }
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
         let gateway =

@@ -385,3 +385,59 @@ async fn three_domains_in_three_files_and_invalid_requests() {
     assert_eq!(no_descriptors.code(), tonic::Code::InvalidArgument);
     server.stop().await;
 }
+
+/// The gRPC server runs tonic's generated service straight on hyper's HTTP/2 connection: other
+/// methods and services of the same connection are answered `UNIMPLEMENTED` (12), a request
+/// whose body is not one whole gRPC message `INTERNAL` (13).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_methods_are_unimplemented_and_truncated_bodies_fail() {
+    let server = edge().await;
+    let tcp = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let grpc_status = async |client: &mut h2::client::SendRequest<bytes::Bytes>,
+                             path: &str,
+                             body: &'static [u8]| {
+        let request = http::Request::post(format!("http://{}{path}", server.grpc))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (response, mut send) = client.send_request(request, false).unwrap();
+        send.send_data(bytes::Bytes::from_static(body), true)
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 200);
+        let (parts, mut body) = response.into_parts();
+        // Trailers-only answers carry grpc-status in the headers; others in the trailers.
+        if let Some(status) = parts.headers.get("grpc-status") {
+            return status.to_str().unwrap().to_owned();
+        }
+        while let Some(chunk) = body.data().await {
+            chunk.unwrap();
+        }
+        let trailers = body.trailers().await.unwrap().unwrap();
+        trailers["grpc-status"].to_str().unwrap().to_owned()
+    };
+    // {domain: "edge", descriptors: [{user: u}]}, as one length-prefixed message.
+    const CALL: &[u8] = b"\x00\x00\x00\x00\x13\x0a\x04edge\x12\x0b\x0a\x09\x0a\x04user\x12\x01u";
+    let rls = "/envoy.service.ratelimit.v3.RateLimitService";
+    assert_eq!(
+        grpc_status(&mut client, &format!("{rls}/ShouldRateLimit"), CALL).await,
+        "0"
+    );
+    assert_eq!(
+        grpc_status(&mut client, &format!("{rls}/Other"), CALL).await,
+        "12"
+    );
+    assert_eq!(
+        grpc_status(&mut client, "/grpc.health.v1.Health/Check", b"").await,
+        "12"
+    );
+    assert_eq!(
+        grpc_status(&mut client, &format!("{rls}/ShouldRateLimit"), &CALL[..9]).await,
+        "13"
+    );
+    server.stop().await;
+}

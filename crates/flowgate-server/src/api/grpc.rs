@@ -1,13 +1,20 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over tonic — what Envoy,
-//! Istio, Contour and Gloo call.
+//! Istio, Contour and Gloo call — and [`serve`], the HTTP/2 server it runs on.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::listen::Acceptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use flowgate::http::answer::AnswerKind;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tonic::{Request, Response, Status};
 
 use super::{Service, rls};
@@ -52,4 +59,74 @@ impl RateLimitService for Rls {
             .map(Response::new)
             .map_err(store_status)
     }
+}
+
+/// How long [`serve`] waits, once asked to stop, for calls in flight before closing their
+/// connections.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Serves `service` (a tonic-generated gRPC server: [`Rls::server`], or the no-op's) over
+/// HTTP/2 with prior knowledge on `listener` (which bounds the open connections) until
+/// `shutdown` completes, then waits up to [`SHUTDOWN_GRACE`] for calls in flight (each
+/// connection is sent a `GOAWAY`; the server's own grace period may end them sooner).
+///
+/// The service runs straight on hyper's HTTP/2 connection, without tonic's transport server
+/// around it (its path router, per-request boxing, connection-info extension and
+/// `grpc-timeout` layer): the generated server routes by path itself and answers
+/// `UNIMPLEMENTED` to any other method. HTTP/2 settings are those tonic's server uses (no
+/// limit on concurrent streams, hyper's windows, no keep-alive pings).
+pub async fn serve<S>(
+    listener: Acceptor,
+    service: S,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()>
+where
+    S: tower_service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http.timer(TokioTimer::new()).max_concurrent_streams(None);
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.as_mut() => break,
+            accepted = listener.accept() => match accepted {
+                // A connection there is room for, with TCP_NODELAY set.
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("grpc: cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let connection = graceful.watch(http.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(service.clone()),
+        ));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("grpc connection ended with an error: {e}");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "grpc: calls still in flight after {}; closing their connections",
+            humantime::format_duration(SHUTDOWN_GRACE)
+        );
+    }
+    Ok(())
 }

@@ -112,8 +112,9 @@ pub struct ServeArgs {
     /// path without the query, status, time to the response head).
     #[arg(long, env = "FLOWGATE_ACCESS_LOG")]
     pub access_log: bool,
-    /// Do not serve the live dashboard (`/dashboard`); also `FLOWGATE_DASHBOARD=off`.
-    #[arg(long)]
+    /// Do not serve the live dashboard (`/dashboard`); also `FLOWGATE_NO_DASHBOARD=1` or
+    /// `FLOWGATE_DASHBOARD=off`.
+    #[arg(long, env = "FLOWGATE_NO_DASHBOARD")]
     pub no_dashboard: bool,
     /// Benchmark baseline: parse every request and answer in the same shape without deciding
     /// anything (see docs/service.md, "Benchmarks").
