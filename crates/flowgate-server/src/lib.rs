@@ -8,12 +8,15 @@
 //! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
 //! * [`metrics`]: Prometheus metrics;
 //! * [`server`]: `run(config, listeners, shutdown)`;
-//! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`.
+//! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`;
+//! * `fuzzing` (feature `fuzzing`): the entry points of the fuzz targets under `fuzz/`.
 
 pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod config;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod gateway;
 pub mod metrics;
 pub mod server;

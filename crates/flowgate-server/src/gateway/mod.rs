@@ -23,8 +23,8 @@
 //! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
 //! go to the WebSocket gateway ([`ws`]), on its own listener.
 
-mod descriptors;
-mod forward;
+pub(crate) mod descriptors;
+pub(crate) mod forward;
 mod pool;
 mod upstream;
 pub mod ws;
@@ -201,15 +201,7 @@ impl Gateway {
         timeout: Duration,
         answer: Option<Answer>,
     ) -> Response<Body> {
-        // Origin form (`/path?query`): the upstream is a server, not a proxy.
-        parts.uri = match parts.uri.path_and_query() {
-            Some(path) => http::Uri::from(path.clone()),
-            None => http::Uri::from_static("/"),
-        };
-        parts.version = http::Version::HTTP_11;
-        forward::remove_hop_by_hop(&mut parts.headers);
-        forward::add_forwarding(&mut parts.headers, peer.ip());
-        parts.extensions = http::Extensions::new();
+        forward::rewrite_request(&mut parts, peer.ip());
 
         let sent = self.pool.send(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(timeout, sent).await {
