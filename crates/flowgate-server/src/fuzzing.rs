@@ -35,6 +35,7 @@ use http::header::{
 use prost::Message as _;
 
 use crate::api::answer;
+use crate::api::limits::InputLimits;
 use crate::api::rls;
 use crate::config::gateway::{EntryConfig, GatewayConfig, Source as EntrySource};
 use crate::config::{Policy, Source};
@@ -195,7 +196,7 @@ pub fn rls_proto(data: &[u8]) {
     let Ok(request) = RateLimitRequest::decode(data) else {
         return;
     };
-    if let Ok((domain, descriptors, hits)) = rls::parse_request(request) {
+    if let Ok((domain, descriptors, hits)) = rls::parse_request(request, &InputLimits::default()) {
         decide(&domain, &descriptors, hits);
         // The same descriptors under the fuzzing domain, so matching is reached whatever the
         // domain was.
@@ -206,8 +207,8 @@ pub fn rls_proto(data: &[u8]) {
 /// A JSON body for `POST /json` and for `POST /v1/check`.
 pub fn json(data: &[u8]) {
     for parsed in [
-        crate::api::http::parse_json(data),
-        crate::api::http::check::parse_check(data),
+        crate::api::http::parse_json(data, &InputLimits::default()),
+        crate::api::http::check::parse_check(data, &InputLimits::default()),
     ] {
         if let Ok((domain, descriptors, hits)) = parsed {
             decide(&domain, &descriptors, hits);

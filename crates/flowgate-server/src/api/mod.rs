@@ -5,6 +5,7 @@
 pub mod answer;
 pub mod grpc;
 pub mod http;
+pub mod limits;
 pub mod noop;
 mod problem;
 pub mod rls;
@@ -19,6 +20,7 @@ use flowgate::envoy::{Descriptor, Verdict};
 use flowgate::http::answer::Answer;
 
 use crate::backend::Backend;
+use limits::InputLimits;
 
 use crate::config::{ConfigErrors, Policy, reload};
 use crate::metrics::{Api, Metrics, RuleCounters};
@@ -67,6 +69,8 @@ pub struct Service {
     /// Whether `/readyz` also requires the store to answer (off by default: a store outage is
     /// what each rule's `fail` mode is for, and must not empty a load balancer's pool).
     ready_requires_store: AtomicBool,
+    /// What one API request may carry.
+    input: InputLimits,
 }
 
 impl std::fmt::Debug for Service {
@@ -93,7 +97,19 @@ impl Service {
             version: AtomicU64::new(1),
             draining: AtomicBool::new(false),
             ready_requires_store: AtomicBool::new(false),
+            input: InputLimits::default(),
         }
+    }
+
+    /// The same service with other bounds on API requests (default [`InputLimits::default`]).
+    pub fn with_input_limits(mut self, input: InputLimits) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// The bounds on API requests.
+    pub fn input_limits(&self) -> &InputLimits {
+        &self.input
     }
 
     /// Makes `/readyz` fail while the store does not answer (strict readiness; see

@@ -20,6 +20,11 @@ impl Problem {
             ..Body::status(StatusCode::BAD_REQUEST, detail)
         })
     }
+
+    /// Another 4xx (e.g. `413` for a body beyond the limit), with `detail`.
+    pub(crate) fn status(status: StatusCode, detail: impl Into<String>) -> Self {
+        Problem(Body::status(status, detail))
+    }
 }
 
 impl IntoResponse for Problem {

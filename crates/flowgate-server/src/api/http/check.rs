@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use flowgate::FailMode;
 use flowgate::envoy::{
@@ -17,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use super::super::answer::limit_name;
 use super::super::problem::Problem;
 use super::super::{Active, Service};
-use super::{answer_response, json_response};
+use super::super::limits::InputLimits;
+use super::{answer_response, body_or_problem, json_response};
 use crate::metrics::Api;
 
 /// `/v1/check` request body.
@@ -187,7 +189,10 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
     result
 }
 
-pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64), Problem> {
+pub(crate) fn parse_check(
+    body: &[u8],
+    limits: &InputLimits,
+) -> Result<(String, Vec<Descriptor>, u64), Problem> {
     let request: CheckRequest = serde_json::from_slice(body)
         .map_err(|e| Problem::bad_request(format!("invalid check request JSON: {e}")))?;
     if request.domain.is_empty() {
@@ -196,6 +201,16 @@ pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64),
     if request.descriptors.is_empty() {
         return Err(Problem::bad_request("`descriptors` must not be empty"));
     }
+    limits
+        .check(
+            &request.domain,
+            request.descriptors.iter().map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+            }),
+        )
+        .map_err(|e| Problem::bad_request(e.0))?;
     let descriptors = request
         .descriptors
         .into_iter()
@@ -230,8 +245,15 @@ pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64),
 }
 
 /// `POST /v1/check`.
-pub(super) async fn check(State(service): State<Arc<Service>>, body: Bytes) -> Response {
-    let (domain, descriptors, hits) = match parse_check(&body) {
+pub(super) async fn check(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body_or_problem(body) {
+        Ok(body) => body,
+        Err(problem) => return problem,
+    };
+    let (domain, descriptors, hits) = match parse_check(&body, service.input_limits()) {
         Ok(parsed) => parsed,
         Err(problem) => return problem.into_response(),
     };

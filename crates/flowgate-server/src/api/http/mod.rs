@@ -9,7 +9,9 @@
 //! | `GET /metrics` | Prometheus / OpenMetrics text |
 //! | `GET /v1/config` | the active rules and configuration version |
 //!
-//! Malformed bodies get 400 with an RFC 9457 `application/problem+json` body; every decision
+//! Malformed bodies, and bodies beyond the service's [`InputLimits`] (descriptors, entries,
+//! key and value lengths), get 400 with an RFC 9457 `application/problem+json` body; a body
+//! larger than `max_body_bytes` gets 413 with one, unread; every decision
 //! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
 
 pub(crate) mod check;
@@ -20,7 +22,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,6 +31,7 @@ use flowgate::http::answer::{Answer, AnswerKind};
 use serde::Serialize;
 
 use super::Service;
+use super::limits::InputLimits;
 use super::problem::Problem;
 use super::rls::{self, json::JsonRequest, json::JsonResponse};
 use crate::metrics::Api;
@@ -37,6 +41,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The HTTP routes over `service`.
 pub fn router(service: Arc<Service>) -> Router {
+    let max_body = service.input_limits().max_body_bytes;
     Router::new()
         .route("/json", post(json))
         .route("/v1/check", post(check::check))
@@ -44,6 +49,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/config", get(config::config))
+        .layer(DefaultBodyLimit::max(max_body))
         .with_state(service)
 }
 
@@ -68,18 +74,33 @@ pub(crate) fn answer_response(answer: Answer) -> Response {
 /// The `/json` request's domain, descriptors and hits, or the 400 for it.
 pub(crate) fn parse_json(
     body: &[u8],
+    limits: &InputLimits,
 ) -> Result<(String, Vec<flowgate::envoy::Descriptor>, u64), Problem> {
     let request = serde_json::from_slice::<JsonRequest>(body)
         .map_err(|e| Problem::bad_request(format!("invalid RateLimitRequest JSON: {e}")))?;
     request
         .into_proto()
-        .and_then(rls::parse_request)
+        .and_then(|request| rls::parse_request(request, limits))
         .map_err(|e| Problem::bad_request(e.0))
 }
 
+/// The body, or the problem for a body that could not be read (`413` beyond the limit).
+pub(crate) fn body_or_problem(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Response> {
+    body.map_err(|rejection| {
+        Problem::status(rejection.status(), rejection.body_text()).into_response()
+    })
+}
+
 /// `POST /json`: envoyproxy/ratelimit's HTTP endpoint.
-async fn json(State(service): State<Arc<Service>>, body: Bytes) -> Response {
-    let (domain, descriptors, hits) = match parse_json(&body) {
+async fn json(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body_or_problem(body) {
+        Ok(body) => body,
+        Err(problem) => return problem,
+    };
+    let (domain, descriptors, hits) = match parse_json(&body, service.input_limits()) {
         Ok(parsed) => parsed,
         Err(problem) => return problem.into_response(),
     };
