@@ -186,10 +186,19 @@ impl Gateway {
         response.map(|b| Either::Right(Full::new(b)))
     }
 
-    /// A problem response, counted under `outcome`.
+    /// A problem response, counted under `outcome`. A malformed request (`Rejected`) also
+    /// closes its connection: whatever the client pipelined after it is not trusted to be
+    /// framed as it meant (nginx does the same after a 400).
     fn problem(&self, outcome: GatewayOutcome, problem: Problem) -> Response<Body> {
         self.service.metrics().gateway_response(outcome);
-        problem.into_response().map(|b| Either::Right(Full::new(b)))
+        let mut response = problem.into_response().map(|b| Either::Right(Full::new(b)));
+        if outcome == GatewayOutcome::Rejected {
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 
     /// Sends the request upstream and streams the response back with the answer's fields added.
