@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowgate::clock::PreciseClock;
+use flowgate::clock::{Clock, PreciseClock};
+use flowgate::local::TableStats;
 use flowgate::store::{DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
 
@@ -18,6 +19,9 @@ pub struct Backend {
     store: Arc<dyn DynStore>,
     /// The fallback store, when the counters are shared.
     shared: Option<Arc<FallbackStore<Arc<dyn DynStore>, PreciseClock>>>,
+    /// The memory store's size and evictions, when the counters are in this process's memory
+    /// store (for `/metrics`).
+    memory: Option<Arc<dyn Fn() -> TableStats + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -35,7 +39,7 @@ impl Default for Backend {
     /// clock would start a thread that wakes every millisecond (1.9 % of a pinned core while
     /// idle, preempting the worker on it).
     fn default() -> Self {
-        Backend::local(Arc::new(
+        Backend::memory(Arc::new(
             MemoryStore::builder().clock(PreciseClock::new()).build(),
         ))
     }
@@ -65,6 +69,18 @@ impl Backend {
         Backend {
             store,
             shared: None,
+            memory: None,
+        }
+    }
+
+    /// Counters in this process's memory store (bounded by its `max_keys` per algorithm),
+    /// whose size and evictions `/metrics` reports.
+    pub fn memory<C: Clock + 'static>(store: Arc<MemoryStore<C>>) -> Self {
+        let stats = store.clone();
+        Backend {
+            store,
+            shared: None,
+            memory: Some(Arc::new(move || stats.stats())),
         }
     }
 
@@ -80,6 +96,7 @@ impl Backend {
         Backend {
             store: fallback.clone(),
             shared: Some(fallback),
+            memory: None,
         }
     }
 
@@ -100,6 +117,11 @@ impl Backend {
             tokio::time::timeout(timeout, store.peek("flowgate:readyz", &quota)).await,
             Ok(Ok(_))
         )
+    }
+
+    /// The memory store's size and evictions, for counters in memory ([`Backend::memory`]).
+    pub fn memory_stats(&self) -> Option<TableStats> {
+        self.memory.as_ref().map(|stats| stats())
     }
 
     /// The fallback's counts, for a shared store.

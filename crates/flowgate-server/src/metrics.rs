@@ -18,6 +18,10 @@
 //! the store, breaker open), `flowgate_store_breaker_opened_total` and
 //! `flowgate_store_breaker_open` (1 while open).
 //!
+//! With the memory store, read from it at each scrape: `flowgate_memory_store_keys`,
+//! `flowgate_memory_store_bytes` and `flowgate_memory_store_evicted_active_total` (counters
+//! evicted while still active: more than `max_keys` per algorithm were active at once).
+//!
 //! The gateway: `flowgate_gateway_responses_total{outcome}` (forwarded, limited, rejected,
 //! unavailable, bad_gateway, gateway_timeout), `flowgate_gateway_upstream_connects_total`
 //! (connections opened to the upstream; with keep-alive working it stays far below the
@@ -37,6 +41,7 @@
 use flowgate::FailMode;
 use flowgate::envoy::Rule;
 use flowgate::envoy::{AppliedLimit, DescriptorVerdict, Status};
+use flowgate::local::TableStats;
 use flowgate::store::{FallbackStats, StoreError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -434,6 +439,12 @@ impl Metrics {
             .register_collector(Box::new(FallbackCollector(Box::new(stats))));
     }
 
+    /// Exports the memory store's size and evictions, read by `stats` at each scrape.
+    pub fn watch_memory(&mut self, stats: impl Fn() -> TableStats + Send + Sync + 'static) {
+        self.registry
+            .register_collector(Box::new(MemoryCollector(Box::new(stats))));
+    }
+
     /// Exports the WebSocket gateway's counters, read by `totals` at each scrape.
     pub fn watch_websocket(&self, totals: impl Fn() -> WsTotals + Send + Sync + 'static) {
         *self.websocket.0.lock() = Some(Box::new(totals));
@@ -492,6 +503,45 @@ impl Collector for FallbackCollector {
             "1 while the shared store's circuit breaker is open",
             None,
             open.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+/// Reads the memory store's [`TableStats`] at each scrape.
+struct MemoryCollector(Box<dyn Fn() -> TableStats + Send + Sync>);
+
+impl std::fmt::Debug for MemoryCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryCollector")
+    }
+}
+
+impl Collector for MemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let stats = (self.0)();
+        let gauges = [
+            (
+                "memory_store_keys",
+                "Counters held by the memory store (bounded by max_keys per algorithm)",
+                stats.keys,
+            ),
+            (
+                "memory_store_bytes",
+                "Bytes allocated for the memory store's counters",
+                stats.bytes,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let evicted = ConstCounter::new(stats.evicted_active);
+        evicted.encode(encoder.encode_descriptor(
+            "memory_store_evicted_active",
+            "Counters evicted while still active, because more than max_keys were active at once",
+            None,
+            evicted.metric_type(),
         )?)?;
         Ok(())
     }

@@ -89,6 +89,10 @@ impl Service {
             let backend = backend.clone();
             metrics.watch_fallback(move || backend.fallback_stats().unwrap_or_default());
         }
+        if backend.memory_stats().is_some() {
+            let backend = backend.clone();
+            metrics.watch_memory(move || backend.memory_stats().unwrap_or_default());
+        }
         metrics.set_version(1);
         Service {
             active: ArcSwap::from_pointee(Active::new(policy, 1, &metrics)),
