@@ -59,7 +59,8 @@ descriptors:
     descriptors:
       - key: plan
         value: free
-        rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_window, shadow_mode: true}
+        shadow_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_window}
       - key: plan
         rate_limit: {unit: day, requests_per_unit: 100, algorithm: leaky_bucket, burst: 7}
   - key: vip
