@@ -23,11 +23,9 @@ use std::task::{Context, Poll, Waker};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use flowgate::envoy::{Descriptor, Verdict};
-use flowgate::http::key::{
-    ClientIp, ForwardedHeader, Header, Jwt, KeyExtractor, PeerAddr, PeerIp,
-};
+use flowgate::http::key::{ClientIp, ForwardedHeader, Header, Jwt, KeyExtractor, PeerAddr, PeerIp};
 use flowgate::store::MemoryStore;
-use flowgate::ws::{Client, Classifier};
+use flowgate::ws::{Classifier, Client};
 use http::header::{
     CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, TE, TRAILER, TRANSFER_ENCODING,
     UPGRADE,
@@ -207,14 +205,15 @@ pub fn rls_proto(data: &[u8]) {
 
 /// A JSON body for `POST /json` and for `POST /v1/check`.
 pub fn json(data: &[u8]) {
-    for parsed in [
+    for (domain, descriptors, hits) in [
         crate::api::http::parse_json(data, &InputLimits::default()),
         crate::api::http::check::parse_check(data, &InputLimits::default()),
-    ] {
-        if let Ok((domain, descriptors, hits)) = parsed {
-            decide(&domain, &descriptors, hits);
-            decide("fuzz", &descriptors, hits);
-        }
+    ]
+    .into_iter()
+    .flatten()
+    {
+        decide(&domain, &descriptors, hits);
+        decide("fuzz", &descriptors, hits);
     }
 }
 
@@ -233,7 +232,11 @@ pub fn client_ip(data: &[u8]) {
     };
     let peer: IpAddr = match selector % 3 {
         0 => IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)),
-        1 => IpAddr::V6("2001:db8::7".parse().unwrap_or(std::net::Ipv6Addr::LOCALHOST)),
+        1 => IpAddr::V6(
+            "2001:db8::7"
+                .parse()
+                .unwrap_or(std::net::Ipv6Addr::LOCALHOST),
+        ),
         _ => IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)),
     };
     let mut request = http::Request::new(());
@@ -248,9 +251,11 @@ pub fn client_ip(data: &[u8]) {
     let (parts, ()) = request.into_parts();
     let prefix = selector / 3 % 129;
     for header in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
-        let extractor = trusting_client_ip()
-            .header(header)
-            .peer_ip(PeerIp::new().ipv6_prefix(prefix).ipv4_prefix(prefix.min(32)));
+        let extractor = trusting_client_ip().header(header).peer_ip(
+            PeerIp::new()
+                .ipv6_prefix(prefix)
+                .ipv4_prefix(prefix.min(32)),
+        );
         let Ok(ip) = extractor.client_ip(&parts) else {
             panic!("a request with a peer address always has a client address");
         };

@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 
 use flowgate_server::fuzzing;
 
+/// A fuzz target's entry point.
+type Entry = fn(&[u8]);
+
 /// The targets and their entry points (the names of `fuzz/fuzz_targets/*.rs`).
-const TARGETS: &[(&str, fn(&[u8]))] = &[
+const TARGETS: &[(&str, Entry)] = &[
     ("config", fuzzing::config),
     ("rls_proto", fuzzing::rls_proto),
     ("json", fuzzing::json),
@@ -51,5 +54,8 @@ fn every_corpus_and_regression_input_runs_clean() {
             total += 1;
         }
     }
-    eprintln!("fuzz corpus: {total} inputs through {} targets", TARGETS.len());
+    eprintln!(
+        "fuzz corpus: {total} inputs through {} targets",
+        TARGETS.len()
+    );
 }

@@ -57,7 +57,9 @@ async fn smuggling_probes_never_reach_the_upstream_as_a_second_request() {
     let rejected: &[(&str, String)] = &[
         (
             "conflicting Content-Length",
-            format!("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd{SMUGGLED}"),
+            format!(
+                "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd{SMUGGLED}"
+            ),
         ),
         (
             "Content-Length list",
@@ -65,15 +67,21 @@ async fn smuggling_probes_never_reach_the_upstream_as_a_second_request() {
         ),
         (
             "obs-fold",
-            format!("POST /a HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\nContent-Length: 0\r\n\r\n{SMUGGLED}"),
+            format!(
+                "POST /a HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\nContent-Length: 0\r\n\r\n{SMUGGLED}"
+            ),
         ),
         (
             "Transfer-Encoding not ending in chunked",
-            format!("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n{SMUGGLED}"),
+            format!(
+                "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n{SMUGGLED}"
+            ),
         ),
         (
             "Transfer-Encoding on HTTP/1.0",
-            format!("POST /a HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{SMUGGLED}"),
+            format!(
+                "POST /a HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{SMUGGLED}"
+            ),
         ),
         (
             "space before the colon",
@@ -101,11 +109,18 @@ async fn smuggling_probes_never_reach_the_upstream_as_a_second_request() {
     // client's connection is closed after the answer, so the bytes after the chunked body are
     // never parsed as a request.
     for raw in [
-        format!("POST /cl-te HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{SMUGGLED}"),
-        format!("POST /te-cl HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 60\r\n\r\n3\r\nabc\r\n0\r\n\r\n{SMUGGLED}"),
+        format!(
+            "POST /cl-te HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{SMUGGLED}"
+        ),
+        format!(
+            "POST /te-cl HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 60\r\n\r\n3\r\nabc\r\n0\r\n\r\n{SMUGGLED}"
+        ),
     ] {
         let (answer, closed) = exchange(gateway, raw.as_bytes()).await;
-        assert!(closed, "the connection is closed after a CL+TE request: {answer}");
+        assert!(
+            closed,
+            "the connection is closed after a CL+TE request: {answer}"
+        );
         assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
     }
     // Identical repeated Content-Length is one length (RFC 9110 §8.6), forwarded once.
@@ -192,7 +207,9 @@ async fn slowloris_connections_do_not_slow_other_clients() {
     });
     for ((addr, path), before) in targets.into_iter().zip(before) {
         let during = slowest_of(addr, path, 50).await;
-        eprintln!("{addr}{path}: slowest of 20 before {before:?}, of 50 beside 250 slowloris connections {during:?}");
+        eprintln!(
+            "{addr}{path}: slowest of 20 before {before:?}, of 50 beside 250 slowloris connections {during:?}"
+        );
         assert!(
             during < Duration::from_millis(250),
             "{addr}{path}: {during:?} beside slowloris connections"

@@ -60,10 +60,7 @@ async fn the_http_api_answers_each_bound_with_a_problem() {
     for path in ["/v1/check", "/json"] {
         // At every bound: accepted.
         let at = server
-            .post(
-                path,
-                &check_body(DEFAULT_MAX_DESCRIPTORS, 1, "user", "u"),
-            )
+            .post(path, &check_body(DEFAULT_MAX_DESCRIPTORS, 1, "user", "u"))
             .await;
         assert_eq!(at.status, 200, "{path}: {}", at.body);
         let at = server
@@ -73,7 +70,10 @@ async fn the_http_api_answers_each_bound_with_a_problem() {
         let key = "k".repeat(DEFAULT_MAX_KEY_BYTES);
         let value = "v".repeat(DEFAULT_MAX_VALUE_BYTES);
         assert_eq!(
-            server.post(path, &check_body(1, 1, &key, &value)).await.status,
+            server
+                .post(path, &check_body(1, 1, &key, &value))
+                .await
+                .status,
             200
         );
         // One past each: 400 with the bound named.
@@ -84,7 +84,11 @@ async fn the_http_api_answers_each_bound_with_a_problem() {
         let over = check_body(1, 1, &long_key, "u");
         assert_problem(&server.post(path, &over).await, 400, "the key is 257 bytes");
         let over = check_body(1, 1, "user", &long_value);
-        assert_problem(&server.post(path, &over).await, 400, "the value is 4097 bytes");
+        assert_problem(
+            &server.post(path, &over).await,
+            400,
+            "the value is 4097 bytes",
+        );
         // A body past the limit: 413, unread.
         let huge = format!(
             r#"{{"domain":"api","descriptors":[],"pad":"{}"}}"#,
@@ -94,7 +98,10 @@ async fn the_http_api_answers_each_bound_with_a_problem() {
     }
     // Still serving.
     assert_eq!(
-        server.post("/v1/check", &check_body(1, 1, "user", "u")).await.status,
+        server
+            .post("/v1/check", &check_body(1, 1, "user", "u"))
+            .await
+            .status,
         200
     );
     server.stop().await;
@@ -125,7 +132,11 @@ async fn grpc_refuses_requests_beyond_the_bounds() {
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
     assert!(status.message().contains("too large"), "{status:?}");
     // The connection and the service are fine afterwards.
-    let ok = common::should(&mut client, request("api", vec![descriptor(&[("user", "u")])])).await;
+    let ok = common::should(
+        &mut client,
+        request("api", vec![descriptor(&[("user", "u")])]),
+    )
+    .await;
     assert_eq!(ok.overall_code, common::OK);
     server.stop().await;
 }
@@ -172,6 +183,10 @@ async fn too_many_or_too_large_headers_get_431_on_the_api_and_the_gateway() {
         assert_eq!(status_of(addr, &head_with(150, 10)).await, Some(431));
         assert_eq!(status_of(addr, &head_with(1, 600 * 1024)).await, Some(431));
     }
-    assert_eq!(upstream.accepted(), 1, "only the small request reached the upstream");
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "only the small request reached the upstream"
+    );
     server.stop().await;
 }

@@ -121,11 +121,17 @@ async fn flood(total_keys: usize, max_keys: usize) -> (f64, f64, u64, f64, f64) 
         format!("n{}", (r * PER_REQUEST + i) % 1000)
     })
     .await;
-    assert_eq!(normal.steady_admitted, STEADY_LIMIT.min(normal.requests as u64));
+    assert_eq!(
+        normal.steady_admitted,
+        STEADY_LIMIT.min(normal.requests as u64)
+    );
 
     // The flood: every flood key distinct.
     let requests = total_keys.div_ceil(PER_REQUEST);
-    let flooded = phase(&server, requests, |r, i| format!("f{}", r * PER_REQUEST + i)).await;
+    let flooded = phase(&server, requests, |r, i| {
+        format!("f{}", r * PER_REQUEST + i)
+    })
+    .await;
     // The steady key had spent its quota before the flood: every flood request denied it,
     // so none of its state was lost to eviction (a lost state would admit 500 more).
     assert_eq!(
@@ -146,7 +152,10 @@ async fn flood(total_keys: usize, max_keys: usize) -> (f64, f64, u64, f64, f64) 
         rss_before as f64 / 1048576.0,
         rss_after as f64 / 1048576.0,
     );
-    assert!(keys > 0.0 && keys <= (max_keys as f64) * 1.1, "{keys} keys held");
+    assert!(
+        keys > 0.0 && keys <= (max_keys as f64) * 1.1,
+        "{keys} keys held"
+    );
     assert!(
         evicted >= (total_keys - max_keys) as f64 * 0.9,
         "evictions not in /metrics: {evicted}"

@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 use super::http::check::{CheckResponse, parse_check};
-use super::limits::InputLimits;
 use super::http::{json_response, parse_json};
+use super::limits::InputLimits;
 use super::rls::{self, json::JsonResponse};
 
 /// `OK` for every descriptor, nothing decided.

@@ -16,9 +16,9 @@ use flowgate::http::answer::{Answer, AnswerKind};
 use serde::{Deserialize, Serialize};
 
 use super::super::answer::limit_name;
+use super::super::limits::InputLimits;
 use super::super::problem::Problem;
 use super::super::{Active, Service};
-use super::super::limits::InputLimits;
 use super::{answer_response, body_or_problem, json_response};
 use crate::metrics::Api;
 
@@ -204,11 +204,10 @@ pub(crate) fn parse_check(
     limits
         .check(
             &request.domain,
-            request.descriptors.iter().map(|d| {
-                d.entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-            }),
+            request
+                .descriptors
+                .iter()
+                .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))),
         )
         .map_err(|e| Problem::bad_request(e.0))?;
     let descriptors = request
@@ -251,7 +250,7 @@ pub(super) async fn check(
 ) -> Response {
     let body = match body_or_problem(body) {
         Ok(body) => body,
-        Err(problem) => return problem,
+        Err(problem) => return problem.into_response(),
     };
     let (domain, descriptors, hits) = match parse_check(&body, service.input_limits()) {
         Ok(parsed) => parsed,

@@ -85,10 +85,8 @@ pub(crate) fn parse_json(
 }
 
 /// The body, or the problem for a body that could not be read (`413` beyond the limit).
-pub(crate) fn body_or_problem(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Response> {
-    body.map_err(|rejection| {
-        Problem::status(rejection.status(), rejection.body_text()).into_response()
-    })
+pub(crate) fn body_or_problem(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
+    body.map_err(|rejection| Problem::status(rejection.status(), rejection.body_text()))
 }
 
 /// `POST /json`: envoyproxy/ratelimit's HTTP endpoint.
@@ -98,7 +96,7 @@ async fn json(
 ) -> Response {
     let body = match body_or_problem(body) {
         Ok(body) => body,
-        Err(problem) => return problem,
+        Err(problem) => return problem.into_response(),
     };
     let (domain, descriptors, hits) = match parse_json(&body, service.input_limits()) {
         Ok(parsed) => parsed,

@@ -48,11 +48,10 @@ pub fn parse_request(
     }
     limits.check(
         &request.domain,
-        request.descriptors.iter().map(|d| {
-            d.entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-        }),
+        request
+            .descriptors
+            .iter()
+            .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))),
     )?;
     let descriptors = request
         .descriptors
