@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowgate::clock::PreciseClock;
+use flowgate::clock::{Clock, PreciseClock};
 use flowgate::local::TableStats;
 use flowgate::store::{DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
@@ -19,8 +19,9 @@ pub struct Backend {
     store: Arc<dyn DynStore>,
     /// The fallback store, when the counters are shared.
     shared: Option<Arc<FallbackStore<Arc<dyn DynStore>, PreciseClock>>>,
-    /// The embedded memory store, when it is the store (for its key counts in metrics).
-    memory: Option<Arc<MemoryStore<PreciseClock>>>,
+    /// The memory store's size and evictions, when the counters are in this process's memory
+    /// store (for `/metrics`).
+    memory: Option<Arc<dyn Fn() -> TableStats + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -72,20 +73,15 @@ impl Backend {
         }
     }
 
-    /// Counters in this process's memory store, whose key counts [`Backend::memory_stats`]
-    /// reports.
-    pub fn memory(store: Arc<MemoryStore<PreciseClock>>) -> Self {
+    /// Counters in this process's memory store (bounded by its `max_keys` per algorithm),
+    /// whose size and evictions `/metrics` reports.
+    pub fn memory<C: Clock + 'static>(store: Arc<MemoryStore<C>>) -> Self {
+        let stats = store.clone();
         Backend {
-            store: store.clone(),
+            store,
             shared: None,
-            memory: Some(store),
+            memory: Some(Arc::new(move || stats.stats())),
         }
-    }
-
-    /// The memory store's keys, bytes and active keys lost to its `max_keys` bound, when the
-    /// counters are in this process's memory store.
-    pub fn memory_stats(&self) -> Option<TableStats> {
-        self.memory.as_ref().map(|m| m.stats())
     }
 
     /// Counters in `store`, shared with other instances, behind a breaker and `options`.
@@ -121,6 +117,11 @@ impl Backend {
             tokio::time::timeout(timeout, store.peek("flowgate:readyz", &quota)).await,
             Ok(Ok(_))
         )
+    }
+
+    /// The memory store's size and evictions, for counters in memory ([`Backend::memory`]).
+    pub fn memory_stats(&self) -> Option<TableStats> {
+        self.memory.as_ref().map(|stats| stats())
     }
 
     /// The fallback's counts, for a shared store.

@@ -10,13 +10,16 @@
 //! * [`metrics`]: Prometheus metrics;
 //! * [`dashboard`]: the live page at `/dashboard`;
 //! * [`server`]: `run(config, listeners, shutdown)`;
-//! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`.
+//! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`;
+//! * `fuzzing` (feature `fuzzing`): the entry points of the fuzz targets under `fuzz/`.
 
 pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod dashboard;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod gateway;
 pub mod listen;
 pub mod metrics;

@@ -20,15 +20,15 @@
 //! the store, breaker open), `flowgate_store_breaker_opened_total` and
 //! `flowgate_store_breaker_open` (1 while open).
 //!
+//! With the memory store, read from it at each scrape: `flowgate_memory_store_keys`,
+//! `flowgate_memory_store_bytes` and `flowgate_memory_store_evicted_active_total` (counters
+//! evicted while still active: more than `max_keys` per algorithm were active at once — each
+//! is a limit silently reset; alert on any increase).
+//!
 //! The gateway: `flowgate_gateway_responses_total{outcome}` (forwarded, limited, rejected,
 //! unavailable, bad_gateway, gateway_timeout), `flowgate_gateway_upstream_connects_total`
 //! (connections opened to the upstream; with keep-alive working it stays far below the
 //! forwarded responses) and `flowgate_gateway_upstream_idle_connections`.
-//!
-//! The embedded memory store (without `--redis`), read at each scrape:
-//! `flowgate_memory_store_keys`, `flowgate_memory_store_bytes` and
-//! `flowgate_memory_store_evicted_active_total` (active counters lost to the `max_keys` bound:
-//! each is a limit silently reset; alert on any increase).
 //!
 //! Every client-facing listener (see [`crate::listen`]):
 //! `flowgate_listener_connections{listener}`, `flowgate_listener_refused_connections_total{listener}`
@@ -640,7 +640,7 @@ impl Metrics {
             .register_collector(Box::new(FallbackCollector(Box::new(stats))));
     }
 
-    /// Exports the memory store's key counts, read by `stats` at each scrape.
+    /// Exports the memory store's size and evictions, read by `stats` at each scrape.
     pub fn watch_memory(&mut self, stats: impl Fn() -> TableStats + Send + Sync + 'static) {
         self.registry
             .register_collector(Box::new(MemoryCollector(Box::new(stats))));

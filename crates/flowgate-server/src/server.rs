@@ -152,10 +152,16 @@ pub async fn run(
     let (drain_period, grace_period) = (config.drain_period, config.grace_period);
     let limits = config.listen;
     let access_log = config.access_log;
-    let service =
-        Arc::new(Service::new(config.policy, config.backend).with_admin_token(config.admin_token));
+    let input = api::InputLimits {
+        max_body_bytes: config.max_body_bytes,
+        ..api::InputLimits::default()
+    };
+    let service = Arc::new(
+        Service::new(config.policy, config.backend)
+            .with_admin_token(config.admin_token)
+            .with_input_limits(input),
+    );
     service.require_store_for_readiness(config.ready_requires_store);
-    service.set_max_body_bytes(config.max_body_bytes);
     let (stop, stopped) = watch::channel(false);
     let signal = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

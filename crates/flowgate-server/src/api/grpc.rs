@@ -29,8 +29,12 @@ pub struct Rls {
 
 impl Rls {
     /// The tonic service, ready for `Server::add_service`.
+    /// Messages larger than the service's
+    /// [`max_body_bytes`](super::limits::InputLimits::max_body_bytes) are refused with
+    /// `OUT_OF_RANGE` before they are decoded.
     pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Rls> {
-        RateLimitServiceServer::new(Rls { service })
+        let max = service.input_limits().max_body_bytes;
+        RateLimitServiceServer::new(Rls { service }).max_decoding_message_size(max)
     }
 }
 
@@ -49,7 +53,8 @@ impl RateLimitService for Rls {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (domain, descriptors, hits) =
-            rls::parse_request(request.into_inner()).map_err(|e| Status::invalid_argument(e.0))?;
+            rls::parse_request(request.into_inner(), self.service.input_limits())
+                .map_err(|e| Status::invalid_argument(e.0))?;
         let active = self.service.active();
         let verdict = self
             .service

@@ -5,13 +5,14 @@
 pub mod answer;
 pub mod grpc;
 pub mod http;
+pub mod limits;
 pub mod noop;
 pub mod openapi;
 pub(crate) mod problem;
 pub mod rls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::http::HeaderValue;
@@ -22,6 +23,7 @@ use flowgate::http::answer::Answer;
 use flowgate::top::TopKeys;
 
 use crate::backend::Backend;
+pub use limits::InputLimits;
 
 use crate::config::{ConfigErrors, Policy, reload};
 use crate::metrics::{Api, Metrics, RuleCounters};
@@ -75,14 +77,14 @@ pub struct Service {
     /// Whether `/readyz` also requires the store to answer (off by default: a store outage is
     /// what each rule's `fail` mode is for, and must not empty a load balancer's pool).
     ready_requires_store: AtomicBool,
-    /// The largest request body `/json` and `/v1/check` read (a larger one is a 413).
-    max_body_bytes: AtomicUsize,
     /// The bearer token of the admin endpoints; `None` disables them.
     admin_token: Option<AdminToken>,
     /// The last reload's outcome, for the dashboard (`None` until a reload is tried).
     last_reload: parking_lot::Mutex<Option<ReloadOutcome>>,
     /// The heaviest denied keys, per domain and descriptor (fixed memory).
     top_denied: TopKeys,
+    /// What one API request may carry.
+    input: InputLimits,
 }
 
 /// What the last configuration reload did.
@@ -124,8 +126,7 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
-/// The default largest body of an HTTP API request: an RLS request is a few hundred bytes.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
+pub use limits::DEFAULT_MAX_BODY_BYTES;
 
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,10 +156,10 @@ impl Service {
             version: AtomicU64::new(1),
             draining: AtomicBool::new(false),
             ready_requires_store: AtomicBool::new(false),
-            max_body_bytes: AtomicUsize::new(DEFAULT_MAX_BODY_BYTES),
             admin_token: None,
             last_reload: parking_lot::Mutex::new(None),
             top_denied: TopKeys::new(TOP_KEYS_CAPACITY),
+            input: InputLimits::default(),
         }
     }
 
@@ -183,21 +184,26 @@ impl Service {
         &self.top_denied
     }
 
+    /// The same service with other bounds on API requests (default [`InputLimits::default`]).
+    pub fn with_input_limits(mut self, input: InputLimits) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// The bounds on API requests.
+    pub fn input_limits(&self) -> &InputLimits {
+        &self.input
+    }
+
     /// Makes `/readyz` fail while the store does not answer (strict readiness; see
     /// `--ready-requires-store`).
     pub fn require_store_for_readiness(&self, on: bool) {
         self.ready_requires_store.store(on, Ordering::Relaxed);
     }
 
-    /// Sets the largest request body the HTTP API reads (takes effect for routers built
-    /// afterwards; `--max-body-bytes`).
-    pub fn set_max_body_bytes(&self, bytes: usize) {
-        self.max_body_bytes.store(bytes, Ordering::Relaxed);
-    }
-
-    /// The largest request body the HTTP API reads.
+    /// The largest request body the HTTP API reads (`--max-body-bytes`).
     pub fn max_body_bytes(&self) -> usize {
-        self.max_body_bytes.load(Ordering::Relaxed)
+        self.input.max_body_bytes
     }
 
     /// Whether readiness requires the store.

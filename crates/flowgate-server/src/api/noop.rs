@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 
 use super::http::check::{CheckResponse, parse_check};
 use super::http::{json_response, parse_json};
+use super::limits::InputLimits;
 use super::rls::{self, json::JsonResponse};
 
 /// `OK` for every descriptor, nothing decided.
@@ -50,7 +51,7 @@ impl RateLimitService for NoopRls {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let (_, descriptors, _) = rls::parse_request(request.into_inner())
+        let (_, descriptors, _) = rls::parse_request(request.into_inner(), &InputLimits::default())
             .map_err(|e| tonic::Status::invalid_argument(e.0))?;
         Ok(tonic::Response::new(response(descriptors.len())))
     }
@@ -65,7 +66,7 @@ pub fn router() -> Router {
 }
 
 async fn json(body: Bytes) -> Response {
-    match parse_json(&body) {
+    match parse_json(&body, &InputLimits::default()) {
         Ok((_, descriptors, _)) => json_response(
             StatusCode::OK,
             &JsonResponse::from(&response(descriptors.len())),
@@ -75,7 +76,7 @@ async fn json(body: Bytes) -> Response {
 }
 
 async fn check(body: Bytes) -> Response {
-    match parse_check(&body) {
+    match parse_check(&body, &InputLimits::default()) {
         Ok((_, descriptors, _)) => {
             json_response(StatusCode::OK, &CheckResponse::unmatched(descriptors.len()))
         }

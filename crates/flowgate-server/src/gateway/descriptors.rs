@@ -11,7 +11,7 @@ use crate::config::gateway::{GatewayConfig, Source};
 /// request lacks (no such header, no valid bearer token, no such claim, no host) is skipped,
 /// as Envoy does; a header that is present but unusable as a key (not visible ASCII, longer
 /// than 256 bytes) rejects the request with 400.
-pub(super) fn of_request(
+pub(crate) fn of_request(
     config: &GatewayConfig,
     parts: &Parts,
 ) -> Result<Vec<Descriptor>, KeyRejection> {

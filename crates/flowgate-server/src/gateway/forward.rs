@@ -17,6 +17,21 @@ use http::{StatusCode, Version};
 /// `X-Forwarded-For`.
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
+/// Turns an allowed request's head into the one sent upstream: the target in origin form
+/// (`/path?query`: the upstream is a server, not a proxy), HTTP/1.1, the hop-by-hop fields
+/// removed, this hop recorded for `client` (see [`add_forwarding`]; `keep_earlier` keeps the
+/// hops the client sent, for trusted peers or `forwarded: append`), no extensions.
+pub(crate) fn rewrite_request(parts: &mut Parts, client: IpAddr, keep_earlier: bool) {
+    parts.uri = match parts.uri.path_and_query() {
+        Some(path) => http::Uri::from(path.clone()),
+        None => http::Uri::from_static("/"),
+    };
+    parts.version = Version::HTTP_11;
+    remove_hop_by_hop(&mut parts.headers);
+    add_forwarding(&mut parts.headers, client, keep_earlier);
+    parts.extensions = http::Extensions::new();
+}
+
 /// Removes the hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, every
 /// `Proxy-*` field, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`. A message that came
 /// with `Transfer-Encoding` also loses `Content-Length` (RFC 9112 §6.3: the two together are

@@ -26,8 +26,8 @@
 //! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
 //! go to the WebSocket gateway ([`ws`]), on its own listener.
 
-mod descriptors;
-mod forward;
+pub(crate) mod descriptors;
+pub(crate) mod forward;
 mod pool;
 mod upstream;
 pub mod ws;
@@ -219,10 +219,19 @@ impl Gateway {
         response.map(|b| Either::Right(Full::new(b)))
     }
 
-    /// A problem response, counted under `outcome`.
+    /// A problem response, counted under `outcome`. A malformed request (`Rejected`) also
+    /// closes its connection: whatever the client pipelined after it is not trusted to be
+    /// framed as it meant (nginx does the same after a 400).
     fn problem(&self, outcome: GatewayOutcome, problem: Problem) -> Response<Body> {
         self.service.metrics().gateway_response(outcome);
-        problem.into_response().map(|b| Either::Right(Full::new(b)))
+        let mut response = problem.into_response().map(|b| Either::Right(Full::new(b)));
+        if outcome == GatewayOutcome::Rejected {
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 
     /// Sends the request upstream and streams the response back with the answer's fields added.
@@ -235,15 +244,7 @@ impl Gateway {
         keep_earlier: bool,
         answer: Option<Answer>,
     ) -> Response<Body> {
-        // Origin form (`/path?query`): the upstream is a server, not a proxy.
-        parts.uri = match parts.uri.path_and_query() {
-            Some(path) => http::Uri::from(path.clone()),
-            None => http::Uri::from_static("/"),
-        };
-        parts.version = http::Version::HTTP_11;
-        forward::remove_hop_by_hop(&mut parts.headers);
-        forward::add_forwarding(&mut parts.headers, peer.ip(), keep_earlier);
-        parts.extensions = http::Extensions::new();
+        forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
 
         let sent = self.pool.send(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(timeout, sent).await {

@@ -15,6 +15,7 @@ use flowgate::http::answer::{Answer, AnswerKind};
 use serde::{Deserialize, Serialize};
 
 use super::super::answer::limit_name;
+use super::super::limits::InputLimits;
 use super::super::problem::Problem;
 use super::super::{Active, Service};
 use super::{answer_response, json_response};
@@ -187,7 +188,10 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
     result
 }
 
-pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64), Problem> {
+pub(crate) fn parse_check(
+    body: &[u8],
+    limits: &InputLimits,
+) -> Result<(String, Vec<Descriptor>, u64), Problem> {
     let request: CheckRequest = serde_json::from_slice(body)
         .map_err(|e| Problem::bad_request(format!("invalid check request JSON: {e}")))?;
     if request.domain.is_empty() {
@@ -196,6 +200,15 @@ pub(crate) fn parse_check(body: &[u8]) -> Result<(String, Vec<Descriptor>, u64),
     if request.descriptors.is_empty() {
         return Err(Problem::bad_request("`descriptors` must not be empty"));
     }
+    limits
+        .check(
+            &request.domain,
+            request
+                .descriptors
+                .iter()
+                .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))),
+        )
+        .map_err(|e| Problem::bad_request(e.0))?;
     let descriptors = request
         .descriptors
         .into_iter()
@@ -251,7 +264,7 @@ pub(crate) async fn check(
         Ok(body) => body,
         Err(problem) => return problem.into_response(),
     };
-    let (domain, descriptors, hits) = match parse_check(&body) {
+    let (domain, descriptors, hits) = match parse_check(&body, service.input_limits()) {
         Ok(parsed) => parsed,
         Err(problem) => return problem.into_response(),
     };

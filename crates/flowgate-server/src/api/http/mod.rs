@@ -9,7 +9,9 @@
 //! | `GET /metrics` | Prometheus / OpenMetrics text |
 //! | `GET /v1/config` | the active rules and configuration version |
 //!
-//! Malformed bodies get 400 with an RFC 9457 `application/problem+json` body; every decision
+//! Malformed bodies, and bodies beyond the service's [`InputLimits`] (descriptors, entries,
+//! key and value lengths), get 400 with an RFC 9457 `application/problem+json` body; a body
+//! larger than `max_body_bytes` gets 413 with one, unread; every decision
 //! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
 
 pub(crate) mod admin;
@@ -30,6 +32,7 @@ use flowgate::http::answer::{Answer, AnswerKind};
 use serde::Serialize;
 
 use super::Service;
+use super::limits::InputLimits;
 use super::problem::Problem;
 use super::rls::{self, json::JsonRequest, json::JsonResponse};
 use crate::metrics::Api;
@@ -39,7 +42,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The HTTP routes over `service`.
 pub fn router(service: Arc<Service>) -> Router {
-    let limit = DefaultBodyLimit::max(service.max_body_bytes());
+    let limit = DefaultBodyLimit::max(service.input_limits().max_body_bytes);
     Router::new()
         .route("/json", post(json))
         .route("/v1/check", post(check::check))
@@ -111,12 +114,13 @@ pub(crate) fn answer_response(answer: Answer) -> Response {
 /// The `/json` request's domain, descriptors and hits, or the 400 for it.
 pub(crate) fn parse_json(
     body: &[u8],
+    limits: &InputLimits,
 ) -> Result<(String, Vec<flowgate::envoy::Descriptor>, u64), Problem> {
     let request = serde_json::from_slice::<JsonRequest>(body)
         .map_err(|e| Problem::bad_request(format!("invalid RateLimitRequest JSON: {e}")))?;
     request
         .into_proto()
-        .and_then(rls::parse_request)
+        .and_then(|request| rls::parse_request(request, limits))
         .map_err(|e| Problem::bad_request(e.0))
 }
 
@@ -142,7 +146,7 @@ pub(crate) async fn json(
         Ok(body) => body,
         Err(problem) => return problem.into_response(),
     };
-    let (domain, descriptors, hits) = match parse_json(&body) {
+    let (domain, descriptors, hits) = match parse_json(&body, service.input_limits()) {
         Ok(parsed) => parsed,
         Err(problem) => return problem.into_response(),
     };

@@ -24,15 +24,19 @@ use flowgate::http::answer::{Answer, AnswerKind};
 
 pub mod json;
 
+use super::limits::InputLimits;
+
 /// A request the service cannot take (gRPC `INVALID_ARGUMENT`, HTTP 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct InvalidRequest(pub String);
 
 /// The request's domain, descriptors and request-level `hits_addend`, validated as
-/// envoyproxy/ratelimit does (a domain and at least one descriptor are required).
+/// envoyproxy/ratelimit does (a domain and at least one descriptor are required) and within
+/// `limits`.
 pub fn parse_request(
     request: RateLimitRequest,
+    limits: &InputLimits,
 ) -> Result<(String, Vec<Descriptor>, u64), InvalidRequest> {
     if request.domain.is_empty() {
         return Err(InvalidRequest("rate limit domain must not be empty".into()));
@@ -42,6 +46,13 @@ pub fn parse_request(
             "rate limit descriptor list must not be empty".into(),
         ));
     }
+    limits.check(
+        &request.domain,
+        request
+            .descriptors
+            .iter()
+            .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))),
+    )?;
     let descriptors = request
         .descriptors
         .into_iter()

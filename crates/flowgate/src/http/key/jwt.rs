@@ -9,9 +9,14 @@ use serde_json::{Map, Value};
 
 use super::{KeyExtractor, KeyRejection};
 
+/// The longest bearer token [`Jwt`] decodes by default, in bytes: 8 KiB. Longer tokens are
+/// rejected with 401 before any decoding (a real token with a few claims is well under 1 KiB).
+pub const DEFAULT_JWT_MAX_LEN: usize = 8 * 1024;
+
 /// Verifies `Authorization: Bearer <JWT>` tokens with a configured key (HS256 or RS256, via
 /// the `jsonwebtoken` crate on pure-Rust crypto). `exp` is required and checked (60 s leeway);
-/// audience and issuer checks are set with [`validation`](Self::validation).
+/// audience and issuer checks are set with [`validation`](Self::validation). Tokens longer
+/// than [`max_len`](Self::max_len) (default [`DEFAULT_JWT_MAX_LEN`]) are rejected unread.
 ///
 /// Cheap to clone: clones share the key. Each [`claim`](Self::claim) is an extractor; a policy
 /// keyed by `sub` with tiers from `plan` verifies the token once per extractor.
@@ -35,6 +40,8 @@ struct Verifier {
     key: DecodingKey,
     /// Algorithm, expiry and audience rules.
     validation: Validation,
+    /// The longest token decoded.
+    max_len: usize,
 }
 
 impl std::fmt::Debug for Jwt {
@@ -65,6 +72,7 @@ impl Jwt {
             inner: Arc::new(Verifier {
                 key,
                 validation: Validation::new(algorithm),
+                max_len: DEFAULT_JWT_MAX_LEN,
             }),
         }
     }
@@ -77,6 +85,19 @@ impl Jwt {
         self.inner = Arc::new(Verifier {
             key: self.inner.key.clone(),
             validation,
+            max_len: self.inner.max_len,
+        });
+        self
+    }
+
+    /// Rejects tokens longer than `bytes` with 401 before decoding them (default
+    /// [`DEFAULT_JWT_MAX_LEN`]). Call before [`claim`](Self::claim), as
+    /// [`validation`](Self::validation).
+    pub fn max_len(mut self, bytes: usize) -> Self {
+        self.inner = Arc::new(Verifier {
+            key: self.inner.key.clone(),
+            validation: self.inner.validation.clone(),
+            max_len: bytes,
         });
         self
     }
@@ -104,6 +125,12 @@ impl Jwt {
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             })
             .ok_or_else(|| KeyRejection::unauthorized("the Authorization header is not Bearer"))?;
+        if token.len() > self.inner.max_len {
+            return Err(KeyRejection::unauthorized(format!(
+                "the bearer token is longer than {} bytes",
+                self.inner.max_len
+            )));
+        }
         let data = jsonwebtoken::decode::<Map<String, Value>>(
             token,
             &self.inner.key,
@@ -198,6 +225,16 @@ mod tests {
                 .status,
             401
         );
+        // Longer than the bound: 401 unread, even when validly signed.
+        let padded = token(
+            b"s3cret",
+            serde_json::json!({"sub": "u-1", "exp": exp, "pad": "p".repeat(DEFAULT_JWT_MAX_LEN)}),
+        );
+        let too_long = jwt.claim("sub").extract(&parts(&padded)).unwrap_err();
+        assert_eq!(too_long.status, 401);
+        assert!(too_long.detail.contains("longer than 8192 bytes"));
+        let roomy = Jwt::hs256(b"s3cret").max_len(padded.len());
+        assert_eq!(roomy.claim("sub").extract(&parts(&padded)).unwrap(), "u-1");
         let basic = http::Request::builder()
             .header(AUTHORIZATION, "Basic dTpw")
             .body(())

@@ -31,7 +31,7 @@ use http::request::Parts;
 pub use header::{DEFAULT_HEADER_MAX_LEN, Header};
 pub use ip::{ClientIp, ForwardedHeader, PeerAddr, PeerIp};
 #[cfg(feature = "jwt")]
-pub use jwt::{Jwt, JwtClaim};
+pub use jwt::{DEFAULT_JWT_MAX_LEN, Jwt, JwtClaim};
 pub use route::{Route, RouteError, UNMATCHED_ROUTE};
 
 /// Why a key could not be extracted: the response the client gets (a problem body with this
