@@ -52,6 +52,9 @@ pub const SUBSCRIBER_BUFFER: usize = 4;
 /// How often a snapshot is taken.
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
+/// The sending side of one subscriber's channel of snapshots (JSON).
+type Feed = mpsc::Sender<Arc<str>>;
+
 /// The dashboard's state: the latest snapshot and the subscribers' channels.
 pub struct Dashboard {
     /// What is sampled.
@@ -61,7 +64,7 @@ pub struct Dashboard {
     /// Turns counters into rates; shared by the loop and on-demand snapshots.
     sampler: tokio::sync::Mutex<Sampler>,
     /// One bounded channel per open event stream.
-    subscribers: Mutex<Vec<mpsc::Sender<Arc<str>>>>,
+    subscribers: Mutex<Vec<Feed>>,
 }
 
 impl std::fmt::Debug for Dashboard {
@@ -139,7 +142,7 @@ impl Dashboard {
     }
 
     /// A new subscriber's channel, or `None` at [`MAX_SUBSCRIBERS`].
-    fn subscribe(&self) -> Option<(mpsc::Sender<Arc<str>>, mpsc::Receiver<Arc<str>>)> {
+    fn subscribe(&self) -> Option<(Feed, mpsc::Receiver<Arc<str>>)> {
         let mut subscribers = self.subscribers.lock();
         subscribers.retain(|tx| !tx.is_closed());
         if subscribers.len() >= MAX_SUBSCRIBERS {
