@@ -7,7 +7,7 @@
 //! full run (10 million keys, bounded at 2²⁰ ≈ 1 million, the default) is ignored by default:
 //!
 //! ```text
-//! flock -x /tmp/fg-machine.lock cargo test --release -p flowgate-server --test key_flood -- --ignored --nocapture
+//! cargo test --release -p flowgate-server --test key_flood -- --ignored --nocapture
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
