@@ -43,11 +43,16 @@ local function fmt(u, r)
   return string.format('%x%03x', u, r)
 end
 
--- Milliseconds from now until `deadline_u` (µs), at least 1.
+-- Milliseconds from now until `deadline_u` (µs), at least MIN_TTL_MS. Redis counts an
+-- expiry in its own time while `now` may be the caller's (an injected clock): a floor of one
+-- second keeps a key of a sub-millisecond period from vanishing between two calls that are
+-- close in the caller's time but not in Redis's. Holding an idle key longer changes no
+-- decision (an idle key and a missing one answer alike); it costs its memory for that second.
+local MIN_TTL_MS = 1000
 local now_u, now_r
 local function ttl_until(deadline_u)
   local ms = floor((deadline_u - now_u) / 1000) + 1
-  if ms < 1 then return 1 end
+  if ms < MIN_TTL_MS then return MIN_TTL_MS end
   return ms
 end
 
