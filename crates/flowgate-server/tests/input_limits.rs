@@ -94,7 +94,11 @@ async fn the_http_api_answers_each_bound_with_a_problem() {
             r#"{{"domain":"api","descriptors":[],"pad":"{}"}}"#,
             "x".repeat(DEFAULT_MAX_BODY_BYTES)
         );
-        assert_problem(&server.post(path, &huge).await, 413, "the request body is over");
+        assert_problem(
+            &server.post(path, &huge).await,
+            413,
+            "the request body is over",
+        );
     }
     // Still serving.
     assert_eq!(
