@@ -198,12 +198,14 @@ pub async fn run(
                 acceptor,
                 api::noop::NoopRls::server(),
                 shutdown,
+                grace_period,
             ));
         } else {
             tasks.spawn(api::grpc::serve(
                 acceptor,
                 api::grpc::Rls::server(service.clone()),
                 shutdown,
+                grace_period,
             ));
         }
     }

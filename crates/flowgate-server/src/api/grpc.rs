@@ -66,24 +66,25 @@ impl RateLimitService for Rls {
     }
 }
 
-/// How long [`serve`] waits, once asked to stop, for calls in flight before closing their
-/// connections.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Streams (calls) one client connection may have open at once; more are refused by HTTP/2
+/// HTTP/2 (`REFUSED_STREAM`). Envoy opens far fewer per connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 
 /// Serves `service` (a tonic-generated gRPC server: [`Rls::server`], or the no-op's) over
 /// HTTP/2 with prior knowledge on `listener` (which bounds the open connections) until
-/// `shutdown` completes, then waits up to [`SHUTDOWN_GRACE`] for calls in flight (each
-/// connection is sent a `GOAWAY`; the server's own grace period may end them sooner).
+/// `shutdown` completes, then waits up to `grace` (the server's `--grace-period`) for calls
+/// in flight (each connection is sent a `GOAWAY`).
 ///
 /// The service runs straight on hyper's HTTP/2 connection, without tonic's transport server
 /// around it (its path router, per-request boxing, connection-info extension and
 /// `grpc-timeout` layer): the generated server routes by path itself and answers
-/// `UNIMPLEMENTED` to any other method. HTTP/2 settings are those tonic's server uses (no
-/// limit on concurrent streams, hyper's windows, no keep-alive pings).
+/// `UNIMPLEMENTED` to any other method. HTTP/2 settings are hyper's windows, no keep-alive
+/// pings, and at most [`MAX_CONCURRENT_STREAMS`] calls per connection.
 pub async fn serve<S>(
     listener: Acceptor,
     service: S,
     shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
 ) -> std::io::Result<()>
 where
     S: tower_service::Service<
@@ -97,7 +98,8 @@ where
 {
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    http.timer(TokioTimer::new()).max_concurrent_streams(None);
+    http.timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -124,13 +126,13 @@ where
         });
     }
     drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+    if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!(
             "grpc: calls still in flight after {}; closing their connections",
-            humantime::format_duration(SHUTDOWN_GRACE)
+            humantime::format_duration(grace)
         );
     }
     Ok(())
