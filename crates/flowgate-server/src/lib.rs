@@ -6,7 +6,8 @@
 //! * [`config`]: envoyproxy/ratelimit-compatible YAML, validation, reload;
 //! * [`api`]: the gRPC (Envoy RLS v3) and HTTP APIs over one [`api::Service`];
 //! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
-//! * [`listen`]: bounded listeners (connection cap, header read timeout);
+//! * [`listen`]: bounded listeners (connection cap, header read timeout, TLS handshake);
+//! * [`tls`]: rustls certificates (reloaded) for the listeners and `https://` upstreams;
 //! * [`metrics`]: Prometheus metrics;
 //! * [`dashboard`]: the live page at `/dashboard`;
 //! * [`server`]: `run(config, listeners, shutdown)`;
@@ -24,3 +25,4 @@ pub mod gateway;
 pub mod listen;
 pub mod metrics;
 pub mod server;
+pub mod tls;

@@ -32,7 +32,8 @@
 //!
 //! Every client-facing listener (see [`crate::listen`]):
 //! `flowgate_listener_connections{listener}`, `flowgate_listener_refused_connections_total{listener}`
-//! `flowgate_listener_timeouts_total{listener}` and `flowgate_listener_oversized_heads_total{listener}`,
+//! `flowgate_listener_timeouts_total{listener}`, `flowgate_listener_oversized_heads_total{listener}`
+//! and `flowgate_listener_tls_handshake_failures_total{listener}`,
 //! `listener` = http, grpc, gateway, websocket; `flowgate_http_oversized_bodies_total` (HTTP API
 //! requests refused with 413).
 //!
@@ -230,6 +231,8 @@ pub struct Metrics {
     listener_timeouts: Family<ListenerLabel, Counter>,
     /// Request heads that were too large, per listener.
     listener_oversized: Family<ListenerLabel, Counter>,
+    /// TLS handshakes that failed or timed out, per listener.
+    listener_tls_failures: Family<ListenerLabel, Counter>,
     /// HTTP API request bodies over the limit.
     http_oversized_bodies: Counter,
     /// The per-rule series that exist.
@@ -372,6 +375,12 @@ impl Metrics {
             "Request heads over the size limit (answered 431), per listener",
             listener_oversized.clone(),
         );
+        let listener_tls_failures = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "listener_tls_handshake_failures",
+            "TLS handshakes that failed or did not finish within the header read timeout, per listener",
+            listener_tls_failures.clone(),
+        );
         let http_oversized_bodies = Counter::default();
         registry.register(
             "http_oversized_bodies",
@@ -389,6 +398,7 @@ impl Metrics {
             detailed_overflow,
             http_oversized_bodies,
             listener_oversized,
+            listener_tls_failures,
             listener_open,
             listener_refused,
             listener_timeouts,
@@ -414,6 +424,7 @@ impl Metrics {
             refused: self.listener_refused.get_or_create_owned(&label),
             timeouts: self.listener_timeouts.get_or_create_owned(&label),
             oversized: self.listener_oversized.get_or_create_owned(&label),
+            tls_failures: self.listener_tls_failures.get_or_create_owned(&label),
         }
     }
 

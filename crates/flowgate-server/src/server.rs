@@ -17,6 +17,7 @@ use crate::dashboard::{self, Dashboard};
 use crate::gateway::ws::{self as ws_gateway, WsGateway};
 use crate::gateway::{self, Gateway, Upstream};
 use crate::listen::{Acceptor, ListenLimits};
+use crate::tls::{ListenerTls, TlsListener};
 
 /// What the server enforces and where it keeps its counters.
 pub struct ServerConfig {
@@ -52,6 +53,9 @@ pub struct ServerConfig {
     pub dashboard: bool,
     /// The admin endpoints' token (`FLOWGATE_ADMIN_TOKEN`); `None` disables them.
     pub admin_token: Option<AdminToken>,
+    /// TLS on the listeners (`--tls-cert`, `--tls-key`, `--tls-listeners`); the certificate
+    /// is reloaded when its files change and on SIGHUP (with [`ServerConfig::watch`]).
+    pub tls: Option<ListenerTls>,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -74,6 +78,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("listen", &self.listen)
             .field("dashboard", &self.dashboard)
             .field("admin", &self.admin_token.is_some())
+            .field("tls", &self.tls.as_ref().map(|tls| &tls.listeners))
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +103,7 @@ impl ServerConfig {
             access_log: false,
             dashboard: true,
             admin_token: None,
+            tls: None,
         })
     }
 }
@@ -171,7 +177,17 @@ pub async fn run(
     if config.watch {
         let target: Arc<dyn reload::Target> = service.clone();
         tasks.spawn(reload_task(config.files, target, signal(stopped.clone())));
+        if let Some(tls) = &config.tls {
+            let certificate = tls.certificate.clone();
+            let shutdown = signal(stopped.clone());
+            tasks.spawn(async move {
+                certificate.watch(shutdown).await;
+                Ok(())
+            });
+        }
     }
+    let tls = config.tls;
+    let tls_for = |listener| tls.as_ref().and_then(|tls| tls.acceptor(listener));
     if let Some(listener) = listeners.http {
         let router = if noop {
             api::noop::router()
@@ -183,7 +199,8 @@ pub async fn run(
             api::http::router(service.clone())
         };
         let shutdown = signal(stopped.clone());
-        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("http"));
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("http"))
+            .with_tls(tls_for(TlsListener::Http));
         tasks.spawn(async move {
             axum::serve(acceptor, router)
                 .with_graceful_shutdown(shutdown)
@@ -192,7 +209,8 @@ pub async fn run(
     }
     if let Some(listener) = listeners.grpc {
         let shutdown = signal(stopped.clone());
-        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("grpc"));
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("grpc"))
+            .with_tls(tls_for(TlsListener::Grpc));
         if noop {
             tasks.spawn(api::grpc::serve(
                 acceptor,
@@ -212,7 +230,8 @@ pub async fn run(
     if let (Some(listener), Some((upstream, fallback))) = (listeners.gateway, gateway_setup) {
         let gateway =
             Arc::new(Gateway::new(service.clone(), upstream, fallback).with_access_log(access_log));
-        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("gateway"));
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("gateway"))
+            .with_tls(tls_for(TlsListener::Gateway));
         tasks.spawn(gateway::serve(
             acceptor,
             gateway,
@@ -222,7 +241,8 @@ pub async fn run(
     }
     if let Some(listener) = listeners.websocket {
         let gateway = WsGateway::new(service.clone());
-        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("websocket"));
+        let acceptor = Acceptor::new(listener, limits, service.metrics().listener("websocket"))
+            .with_tls(tls_for(TlsListener::Websocket));
         tasks.spawn(ws_gateway::serve(
             acceptor,
             gateway,

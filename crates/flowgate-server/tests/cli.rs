@@ -223,7 +223,12 @@ fn sighup_with_the_builtin_policy_does_not_kill_the_server() {
         .read_to_string(&mut log)
         .unwrap();
     assert!(child.wait().unwrap().success());
-    assert_eq!(log.matches("SIGHUP: nothing to reload").count(), 3, "{log}");
+    assert_eq!(
+        log.matches("SIGHUP: no configuration file to reload")
+            .count(),
+        3,
+        "{log}"
+    );
 }
 
 /// A one-connection upstream for the drain tests: answers its first request with a 10-byte

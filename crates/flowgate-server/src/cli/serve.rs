@@ -1,7 +1,7 @@
 //! `flowgate serve`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use crate::config::gateway::DEFAULT_LISTEN;
 use crate::config::websocket::DEFAULT_LISTEN as WS_DEFAULT_LISTEN;
 use crate::gateway::Upstream;
 use crate::server::{self, Listeners, ServerConfig};
+use crate::tls::{CertificateFiles, ListenerTls, ServerCertificate, TlsListener};
 
 /// Flags of `flowgate serve`.
 #[derive(Debug, clap::Args)]
@@ -39,6 +40,33 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub redis: Vec<String>,
+    /// CA certificates (PEM) that `rediss://` servers are verified against, instead of the
+    /// system's roots.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "redis",
+        env = "FLOWGATE_REDIS_CA_FILE"
+    )]
+    pub redis_ca_file: Option<PathBuf>,
+    /// Client certificate chain (PEM) presented to `rediss://` servers that require one
+    /// (`tls-auth-clients yes`); with --redis-key-file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "redis",
+        requires = "redis_key_file",
+        env = "FLOWGATE_REDIS_CERT_FILE"
+    )]
+    pub redis_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --redis-cert-file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "redis_cert_file",
+        env = "FLOWGATE_REDIS_KEY_FILE"
+    )]
+    pub redis_key_file: Option<PathBuf>,
     /// Treat a single `--redis` URL as a Redis Cluster seed node.
     #[arg(long, requires = "redis", env = "FLOWGATE_REDIS_CLUSTER")]
     pub redis_cluster: bool,
@@ -65,6 +93,15 @@ pub struct ServeArgs {
     /// requests are checked with the configuration's `gateway` section (docs/service.md).
     #[arg(long, value_name = "URL", env = "FLOWGATE_UPSTREAM")]
     pub upstream: Option<Upstream>,
+    /// CA certificates (PEM) that an `https://` upstream is verified against, instead of the
+    /// system's roots.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "upstream",
+        env = "FLOWGATE_UPSTREAM_CA_FILE"
+    )]
+    pub upstream_ca_file: Option<PathBuf>,
     /// Address of the gateway (with --upstream); overrides `gateway.listen`
     /// [default: 127.0.0.1:8000].
     #[arg(
@@ -91,6 +128,35 @@ pub struct ServeArgs {
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
     #[arg(long, value_name = "ADDR", env = "FLOWGATE_WEBSOCKET")]
     pub websocket: Option<SocketAddr>,
+    /// Serve TLS with this PEM certificate chain (the server's certificate first), on the
+    /// listeners of --tls-listeners; with --tls-key. Reloaded when the file changes and on
+    /// SIGHUP (a broken file keeps the running certificate).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key",
+        env = "FLOWGATE_TLS_CERT"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_cert",
+        env = "FLOWGATE_TLS_KEY"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Which listeners serve TLS with --tls-cert (comma-separated): http, grpc, gateway,
+    /// websocket; the others stay plain.
+    #[arg(
+        long,
+        value_name = "LISTENERS",
+        value_enum,
+        value_delimiter = ',',
+        default_values = ["http", "grpc", "gateway", "websocket"],
+        env = "FLOWGATE_TLS_LISTENERS"
+    )]
+    pub tls_listeners: Vec<TlsListener>,
     /// Connections each client-facing listener (HTTP and gRPC APIs, gateways) holds
     /// open at once; more are closed as soon as accepted, and counted.
     #[arg(long, value_name = "N", default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS, env = "FLOWGATE_MAX_CONNECTIONS")]
@@ -175,11 +241,47 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     // The admin endpoints exist only with a token; its value is never logged.
     config.admin_token = std::env::var_os("FLOWGATE_ADMIN_TOKEN")
         .and_then(|token| crate::api::AdminToken::new(token.as_encoded_bytes()));
+    if let (Some(chain), Some(key)) = (args.tls_cert, args.tls_key) {
+        match ServerCertificate::load(CertificateFiles { chain, key }) {
+            Ok(certificate) => {
+                config.tls = Some(ListenerTls {
+                    certificate,
+                    listeners: args.tls_listeners.clone(),
+                });
+            }
+            Err(e) => {
+                tracing::error!("TLS certificate: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let redis_tls = match RedisTls::read(
+        args.redis_ca_file.as_deref(),
+        args.redis_cert_file
+            .as_deref()
+            .zip(args.redis_key_file.as_deref()),
+    ) {
+        Ok(tls) => tls,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let upstream = match (args.upstream, &args.upstream_ca_file) {
+        (Some(upstream), Some(ca)) => match upstream.with_ca_file(ca) {
+            Ok(upstream) => Some(upstream),
+            Err(e) => {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        (upstream, _) => upstream,
+    };
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,
     };
-    let gateway_addr = match &args.upstream {
+    let gateway_addr = match &upstream {
         None => None,
         Some(upstream) => {
             if let Err(e) = crate::gateway::effective_config(&config.policy) {
@@ -234,6 +336,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
                 cluster: args.redis_cluster,
                 prefix: args.redis_prefix,
                 timeout: args.redis_timeout,
+                tls: redis_tls,
             };
             match connect_redis(redis, shared).await {
                 Ok(backend) => config.backend = backend,
@@ -282,7 +385,10 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             admin = config.admin_token.is_some(),
             "flowgate serving"
         );
-        if let (Some(addr), Some(upstream)) = (gateway_addr, &args.upstream) {
+        if let Some(tls) = &config.tls {
+            tracing::info!(listeners = ?tls.listeners, "serving TLS");
+        }
+        if let (Some(addr), Some(upstream)) = (gateway_addr, &upstream) {
             tracing::info!(gateway = %addr, %upstream, "gateway proxying");
         }
         let listeners = Listeners {
@@ -320,6 +426,40 @@ struct RedisArgs {
     cluster: bool,
     prefix: String,
     timeout: Duration,
+    tls: RedisTls,
+}
+
+/// The PEM files for TLS to Redis, read at start (`rediss://` URLs).
+#[derive(Default)]
+struct RedisTls {
+    /// `--redis-ca-file`.
+    roots: Option<Vec<u8>>,
+    /// `--redis-cert-file` and `--redis-key-file`.
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RedisTls {
+    /// Reads the files (errors name the file, never its contents).
+    fn read(ca: Option<&Path>, client: Option<(&Path, &Path)>) -> Result<Self, String> {
+        let read = |what: &str, path: &Path| {
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read the Redis {what} {}: {e}", path.display()))
+        };
+        let roots = match ca {
+            Some(path) => {
+                let pem = read("CA file", path)?;
+                crate::tls::certificates_from(path, &pem)
+                    .map_err(|e| format!("Redis CA file {e}"))?;
+                Some(pem)
+            }
+            None => None,
+        };
+        let client = match client {
+            Some((cert, key)) => Some((read("certificate", cert)?, read("key", key)?)),
+            None => None,
+        };
+        Ok(RedisTls { roots, client })
+    }
 }
 
 #[cfg(feature = "redis")]
@@ -340,6 +480,14 @@ async fn connect_redis(
         Ok([url]) if !redis.cluster => RedisStore::builder(url),
         Ok(urls) => RedisStore::cluster_builder(urls),
         Err(urls) => RedisStore::cluster_builder(urls),
+    };
+    let builder = match redis.tls.roots {
+        Some(roots) => builder.tls_roots(roots),
+        None => builder,
+    };
+    let builder = match redis.tls.client {
+        Some((chain, key)) => builder.tls_client_certificate(chain, key),
+        None => builder,
     };
     let store = builder
         .prefix(redis.prefix)

@@ -117,8 +117,8 @@ pub async fn watch(
     target: Arc<dyn Target>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     if paths.is_empty() {
+        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         spawn_sighup(tx);
         tokio::pin!(shutdown);
         loop {
@@ -129,12 +129,38 @@ pub async fn watch(
                         return;
                     }
                     tracing::info!(
-                        "SIGHUP: nothing to reload (the built-in policy is running; start with --config FILE to reload files)"
+                        "SIGHUP: no configuration file to reload (the built-in policy is running; start with --config FILE to reload files)"
                     );
                 }
             }
         }
     }
+    let mut last_rejected = None;
+    on_changes(
+        move || {
+            reload_now(&paths, &*target, &mut last_rejected);
+            // A new configuration may refer to files in other directories.
+            let mut files = paths.clone();
+            files.extend(target.current_references());
+            if let Some(rejection) = &last_rejected {
+                files.extend_from_slice(rejection.references());
+            }
+            files
+        },
+        shutdown,
+    )
+    .await;
+}
+
+/// Runs `reload` (on a blocking thread: it reads files) once at the start, then whenever a
+/// file in the directories of the files it last returned changes, or SIGHUP arrives, until
+/// `shutdown` completes. `reload` returns the files to watch from then on. Files are watched
+/// through their directories, so renames and symlink swaps are seen too.
+pub(crate) async fn on_changes<R>(reload: R, shutdown: impl std::future::Future<Output = ()>)
+where
+    R: FnMut() -> Vec<PathBuf> + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let events = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|e| may_change_content(&e.kind)) {
@@ -144,7 +170,7 @@ pub async fn watch(
     let mut watcher = match watcher {
         Ok(watcher) => Some(watcher),
         Err(e) => {
-            tracing::warn!("cannot watch configuration files: {e}; SIGHUP still reloads");
+            tracing::warn!("cannot watch files for changes: {e}; SIGHUP still reloads");
             None
         }
     };
@@ -163,13 +189,12 @@ pub async fn watch(
             }
         }
     };
-    watch_more(&mut watcher, &paths);
-    watch_more(&mut watcher, &target.current_references());
     // The files may have changed between their first load and the watch starting: look once.
     let _ = tx.send(());
     spawn_sighup(tx);
     tokio::pin!(shutdown);
-    let mut last_rejected = None;
+    let mut reload = Some(reload);
+    let mut first = true;
     loop {
         tokio::select! {
             () = &mut shutdown => return,
@@ -180,23 +205,28 @@ pub async fn watch(
             }
         }
         // Let a burst of events settle, then reload once.
-        tokio::time::sleep(SETTLE).await;
+        if !first {
+            tokio::time::sleep(SETTLE).await;
+        }
+        first = false;
         while rx.try_recv().is_ok() {}
-        let paths = paths.clone();
-        let reloading = target.clone();
-        let mut rejected = last_rejected.take();
-        let outcome = tokio::task::spawn_blocking(move || {
-            let outcome = reload_now(&paths, &*reloading, &mut rejected);
-            (outcome, rejected)
+        let Some(mut reloading) = reload.take() else {
+            return;
+        };
+        match tokio::task::spawn_blocking(move || {
+            let files = reloading();
+            (reloading, files)
         })
-        .await;
-        if let Ok((_, rejected)) = outcome {
-            // A new configuration may refer to files in other directories.
-            watch_more(&mut watcher, &target.current_references());
-            if let Some(rejection) = &rejected {
-                watch_more(&mut watcher, rejection.references());
+        .await
+        {
+            Ok((reloading, files)) => {
+                watch_more(&mut watcher, &files);
+                reload = Some(reloading);
             }
-            last_rejected = rejected;
+            Err(e) => {
+                tracing::error!("reloading failed: {e}; no more reloads");
+                return;
+            }
         }
     }
 }

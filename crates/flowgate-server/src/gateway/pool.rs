@@ -33,6 +33,7 @@ use tokio::net::TcpStream;
 
 use super::Upstream;
 use crate::metrics::UpstreamMetrics;
+use crate::tls::MaybeTls;
 
 /// How long an idle connection is kept.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -64,8 +65,10 @@ pub(crate) struct Pool {
 
 #[derive(Debug)]
 struct Shared {
-    /// `host:port` to connect to (port 80 when the URL has none).
+    /// `host:port` to connect to (port 80, or 443 for https, when the URL has none).
     address: String,
+    /// TLS to the upstream: the connector and the name its certificate must hold.
+    tls: Option<TlsTo>,
     /// The `Host` sent when a request has none (an HTTP/1.0 client's).
     host: HeaderValue,
     /// How long connecting may take.
@@ -76,8 +79,25 @@ struct Shared {
     metrics: UpstreamMetrics,
 }
 
+/// TLS to an `https://` upstream: the connector and the name its certificate must hold.
+struct TlsTo {
+    /// rustls, with the upstream's roots.
+    connector: tokio_rustls::TlsConnector,
+    /// The upstream's host.
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsTo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsTo").field("name", &self.name).finish()
+    }
+}
+
 /// What reads and writes one connection.
-type Driver = Connection<TokioIo<TcpStream>, Incoming>;
+type Driver = Connection<TokioIo<UpstreamStream>, Incoming>;
+
+/// A connection to the upstream, TLS for an `https://` one.
+type UpstreamStream = MaybeTls<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// One connection to the upstream.
 struct Conn {
@@ -159,14 +179,28 @@ impl Pool {
         metrics: UpstreamMetrics,
     ) -> Self {
         let authority = upstream.authority();
-        let address = match authority.port_u16() {
-            Some(_) => authority.as_str().to_owned(),
-            None => format!("{}:80", authority.host()),
-        };
+        let address = format!("{}:{}", authority.host(), upstream.port());
+        let tls = upstream.tls().and_then(|tls| {
+            let host = authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            match rustls::pki_types::ServerName::try_from(host.to_owned()) {
+                Ok(name) => Some(TlsTo {
+                    connector: tokio_rustls::TlsConnector::from(tls.0.clone()),
+                    name,
+                }),
+                Err(e) => {
+                    tracing::error!("upstream {upstream}: not a TLS server name: {e}");
+                    None
+                }
+            }
+        });
         let host = HeaderValue::from_str(authority.as_str())
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let shared = Arc::new(Shared {
             address,
+            tls,
             host,
             connect_timeout,
             idle: Mutex::new(VecDeque::new()),
@@ -254,6 +288,22 @@ impl Pool {
             }
         };
         let _ = stream.set_nodelay(true);
+        let stream = match &self.shared.tls {
+            None => MaybeTls::Plain(stream),
+            Some(tls) => {
+                let handshake = tls.connector.connect(tls.name.clone(), stream);
+                match tokio::time::timeout(self.shared.connect_timeout, handshake).await {
+                    Ok(Ok(tls)) => MaybeTls::Tls(Box::new(tls)),
+                    Ok(Err(e)) => return Err(SendError::Connect(e)),
+                    Err(_) => {
+                        return Err(SendError::Connect(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the TLS handshake timed out",
+                        )));
+                    }
+                }
+            }
+        };
         self.shared.metrics.connects.inc();
         let (sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))

@@ -11,13 +11,19 @@
 //! `flowgate_listener_timeouts_total{listener}` (connections closed because the request head
 //! did not arrive within [`ListenLimits::header_read_timeout`]) and
 //! `flowgate_listener_oversized_heads_total{listener}` (request heads over
-//! [`ListenLimits::max_header_bytes`], answered `431`).
+//! [`ListenLimits::max_header_bytes`], answered `431`) and
+//! `flowgate_listener_tls_handshake_failures_total{listener}` (with TLS: handshakes that failed
+//! or did not finish within [`ListenLimits::header_read_timeout`]).
+//!
+//! With TLS ([`Acceptor::with_tls`]) the handshake runs in the connection's own task, on its
+//! first read, so a slow client never holds up the accept loop.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -25,6 +31,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
+
+use crate::tls::MaybeTls;
 
 /// The default [`ListenLimits::max_connections`]: far above what one instance serves well,
 /// far below the file descriptors a flood could otherwise take.
@@ -72,10 +81,11 @@ pub struct ListenerMetrics {
     pub timeouts: Counter,
     /// Request heads over the size limit.
     pub oversized: Counter,
+    /// TLS handshakes that failed or timed out.
+    pub tls_failures: Counter,
 }
 
 /// A listener that holds at most `max_connections` connections.
-#[derive(Debug)]
 pub struct Acceptor {
     /// The socket.
     listener: TcpListener,
@@ -85,6 +95,18 @@ pub struct Acceptor {
     limits: ListenLimits,
     /// Open and refused connections.
     metrics: ListenerMetrics,
+    /// TLS for every connection, when set.
+    tls: Option<TlsAcceptor>,
+}
+
+impl std::fmt::Debug for Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acceptor")
+            .field("listener", &self.listener)
+            .field("limits", &self.limits)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Acceptor {
@@ -95,7 +117,15 @@ impl Acceptor {
             slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
             limits,
             metrics,
+            tls: None,
         }
+    }
+
+    /// Serves every connection over TLS with `tls` (the handshake within
+    /// [`ListenLimits::header_read_timeout`]).
+    pub fn with_tls(mut self, tls: Option<TlsAcceptor>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The limits connections from it are served under.
@@ -125,9 +155,17 @@ impl Acceptor {
             };
             let _ = stream.set_nodelay(true);
             self.metrics.open.inc();
+            let io = match &self.tls {
+                None => Io::Ready(MaybeTls::Plain(stream)),
+                Some(tls) => Io::Handshaking {
+                    accept: tls.accept(stream),
+                    deadline: Box::pin(tokio::time::sleep(self.limits.header_read_timeout)),
+                    failures: self.metrics.tls_failures.clone(),
+                },
+            };
             return Ok((
                 Limited {
-                    stream,
+                    io,
                     _slot: Slot {
                         _permit: slot,
                         open: self.metrics.open.clone(),
@@ -196,9 +234,82 @@ impl Drop for Slot {
 #[derive(Debug)]
 pub struct Limited {
     /// The connection.
-    stream: TcpStream,
+    io: Io,
     /// Released when the connection is dropped.
     _slot: Slot,
+}
+
+/// A connection's stream, before and after its TLS handshake.
+enum Io {
+    /// Plain, or TLS after the handshake.
+    Ready(MaybeTls<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>),
+    /// The TLS handshake is under way.
+    Handshaking {
+        /// The handshake.
+        accept: tokio_rustls::Accept<TcpStream>,
+        /// When it is given up.
+        deadline: Pin<Box<tokio::time::Sleep>>,
+        /// Counts a failure.
+        failures: Counter,
+    },
+    /// The handshake failed; the connection is of no more use.
+    Failed,
+}
+
+impl std::fmt::Debug for Io {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Io::Ready(MaybeTls::Plain(_)) => "Io::Plain",
+            Io::Ready(MaybeTls::Tls(_)) => "Io::Tls",
+            Io::Handshaking { .. } => "Io::Handshaking",
+            Io::Failed => "Io::Failed",
+        })
+    }
+}
+
+impl Limited {
+    /// The stream once the TLS handshake (if any) is done; the handshake's error, or a timeout,
+    /// otherwise.
+    fn poll_ready(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<&mut MaybeTls<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>>>
+    {
+        if let Io::Handshaking {
+            accept, deadline, ..
+        } = &mut self.io
+        {
+            let failed = match Pin::new(accept).poll(cx) {
+                Poll::Ready(Ok(stream)) => {
+                    self.io = Io::Ready(MaybeTls::Tls(Box::new(stream)));
+                    None
+                }
+                Poll::Ready(Err(e)) => Some(e),
+                Poll::Pending => match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Some(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the TLS handshake did not finish in time",
+                    )),
+                    Poll::Pending => return Poll::Pending,
+                },
+            };
+            if let Some(e) = failed {
+                if let Io::Handshaking { failures, .. } = &self.io {
+                    failures.inc();
+                }
+                tracing::debug!("TLS handshake failed: {e}");
+                self.io = Io::Failed;
+                return Poll::Ready(Err(e));
+            }
+        }
+        match &mut self.io {
+            Io::Ready(stream) => Poll::Ready(Ok(stream)),
+            _ => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the TLS handshake failed",
+            ))),
+        }
+    }
 }
 
 impl AsyncRead for Limited {
@@ -207,7 +318,8 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let stream = ready!(self.poll_ready(cx))?;
+        Pin::new(stream).poll_read(cx, buf)
     }
 }
 
@@ -217,15 +329,24 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let stream = ready!(self.poll_ready(cx))?;
+        Pin::new(stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        match &mut self.io {
+            Io::Ready(stream) => Pin::new(stream).poll_flush(cx),
+            // Nothing was written before the handshake.
+            _ => Poll::Ready(Ok(())),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        match &mut self.io {
+            Io::Ready(stream) => Pin::new(stream).poll_shutdown(cx),
+            // Dropping the connection closes it.
+            _ => Poll::Ready(Ok(())),
+        }
     }
 
     fn poll_write_vectored(
@@ -233,38 +354,15 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let stream = ready!(self.poll_ready(cx))?;
+        Pin::new(stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-}
-
-/// tonic (the gRPC API) learns the peer from the connection.
-impl tonic::transport::server::Connected for Limited {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl Acceptor {
-    /// The connections it accepts, as the stream tonic serves (accept errors are logged and
-    /// retried after a pause, never ended on).
-    pub fn into_incoming(self) -> impl futures_util::Stream<Item = io::Result<Limited>> {
-        futures_util::stream::unfold(self, |acceptor| async move {
-            loop {
-                match acceptor.accept().await {
-                    Ok((connection, _)) => return Some((Ok(connection), acceptor)),
-                    Err(e) => {
-                        tracing::warn!("cannot accept a connection: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        })
+        match &self.io {
+            Io::Ready(stream) => stream.is_write_vectored(),
+            _ => false,
+        }
     }
 }
 

@@ -43,6 +43,46 @@ pub(super) struct Target {
     pub(super) cluster: bool,
     /// Bound on each connection attempt and each response.
     pub(super) timeout: Duration,
+    /// Certificates for `rediss://` URLs other than the system's roots.
+    #[cfg(feature = "redis-tls")]
+    pub(super) tls: Option<TlsFiles>,
+}
+
+/// PEM certificates for TLS to Redis: roots to trust instead of the system's, and a client
+/// certificate for servers that ask for one (`tls-auth-clients yes`).
+#[cfg(feature = "redis-tls")]
+#[derive(Clone, Default)]
+pub(super) struct TlsFiles {
+    /// Root certificates (PEM); `None`: the system's.
+    pub(super) roots: Option<Vec<u8>>,
+    /// Client certificate chain and private key (PEM).
+    pub(super) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(feature = "redis-tls")]
+impl std::fmt::Debug for TlsFiles {
+    /// Never the key: only what is configured.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("roots", &self.roots.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+#[cfg(feature = "redis-tls")]
+impl TlsFiles {
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self.client.clone().map(|(client_cert, client_key)| {
+                redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }
+            }),
+            root_cert: self.roots.clone(),
+        }
+    }
 }
 
 impl Connection {
@@ -50,7 +90,13 @@ impl Connection {
     pub(super) async fn connect(target: &Target) -> Result<Self, StoreError> {
         let timeout = target.timeout;
         if target.cluster {
-            let client = ClusterClient::builder(target.urls.iter().map(String::as_str))
+            let builder = ClusterClient::builder(target.urls.iter().map(String::as_str));
+            #[cfg(feature = "redis-tls")]
+            let builder = match &target.tls {
+                Some(tls) => builder.certs(tls.certificates()),
+                None => builder,
+            };
+            let client = builder
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
                 .retries(3)
@@ -65,6 +111,13 @@ impl Connection {
             .urls
             .first()
             .ok_or_else(|| StoreError::Backend("no Redis URL given".into()))?;
+        #[cfg(feature = "redis-tls")]
+        let client = match &target.tls {
+            Some(tls) => redis::Client::build_with_tls(url.as_str(), tls.certificates()),
+            None => redis::Client::open(url.as_str()),
+        }
+        .map_err(convert)?;
+        #[cfg(not(feature = "redis-tls"))]
         let client = redis::Client::open(url.as_str()).map_err(convert)?;
         // Reconnect quickly after an outage: the circuit breaker, not the connection, decides
         // how often a dead server is tried.

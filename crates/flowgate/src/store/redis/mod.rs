@@ -201,6 +201,8 @@ impl RedisStoreBuilder {
                 urls,
                 cluster,
                 timeout: DEFAULT_TIMEOUT,
+                #[cfg(feature = "redis-tls")]
+                tls: None,
             },
             prefix: DEFAULT_PREFIX.to_owned(),
             clock: None,
@@ -228,6 +230,27 @@ impl RedisStoreBuilder {
     /// on one time line.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Trusts the PEM certificates in `pem` (a CA bundle) for `rediss://` URLs instead of the
+    /// system's roots — for a private CA or a self-signed server certificate.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_roots(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.target.tls.get_or_insert_with(Default::default).roots = Some(pem.into());
+        self
+    }
+
+    /// Presents a client certificate (PEM chain and PEM private key) to Redis servers that
+    /// require one (`tls-auth-clients yes`), with `rediss://` URLs.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.target.tls.get_or_insert_with(Default::default).client =
+            Some((chain_pem.into(), key_pem.into()));
         self
     }
 
