@@ -159,11 +159,31 @@ fn serve_with_the_builtin_policy_then_sigterm_finishes_in_flight_calls_and_exits
 }
 
 #[test]
-fn serve_refuses_an_upstream_that_is_not_plain_http() {
+fn serve_refuses_an_upstream_it_cannot_use() {
     for (args, expected) in [
         (
-            &["serve", "--upstream", "https://127.0.0.1:1"][..],
-            "only http:// upstreams are supported",
+            &["serve", "--upstream", "ftp://127.0.0.1:1"][..],
+            "only http:// and https:// upstreams are supported",
+        ),
+        (
+            &[
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--upstream-ca-file",
+                "/nonexistent/ca.pem",
+            ][..],
+            "needs an https:// upstream",
+        ),
+        (
+            &[
+                "serve",
+                "--upstream",
+                "https://127.0.0.1:1",
+                "--upstream-ca-file",
+                "/nonexistent/ca.pem",
+            ][..],
+            "/nonexistent/ca.pem: cannot read",
         ),
         (
             &["serve", "--upstream", "http://127.0.0.1:1/prefix"][..],

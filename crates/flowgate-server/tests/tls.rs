@@ -177,14 +177,11 @@ async fn the_grpc_api_serves_tls_with_h2_and_plaintext_is_refused_and_counted() 
     )
     .await
     .expect("refused, not hung");
-    match plain {
-        Ok(mut client) => {
-            let answer = client
-                .should_rate_limit(request("edge", vec![descriptor(&[("api_key", "p")])]))
-                .await;
-            assert!(answer.is_err(), "plaintext answered on a TLS port");
-        }
-        Err(_) => {}
+    if let Ok(mut client) = plain {
+        let answer = client
+            .should_rate_limit(request("edge", vec![descriptor(&[("api_key", "p")])]))
+            .await;
+        assert!(answer.is_err(), "plaintext answered on a TLS port");
     }
     let failures = server
         .metric("flowgate_listener_tls_handshake_failures_total{listener=\"grpc\"}")
@@ -336,4 +333,133 @@ async fn the_gateway_serves_tls_and_forwards_to_an_https_upstream_it_can_verify(
     let body = String::from_utf8_lossy(&answer.body);
     assert!(!body.contains("certificate"), "{body}");
     server.stop().await;
+}
+
+#[cfg(feature = "redis")]
+#[path = "../../flowgate/tests/common/redis.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod redis_support;
+
+/// The binary end to end: `flowgate serve` counting in a TLS-only Redis (`rediss://`,
+/// `--redis-ca-file`) and serving its HTTP API over TLS (`--tls-cert`, `--tls-key`,
+/// `--tls-listeners http`); files it cannot use stop it at start, naming the file.
+#[cfg(feature = "redis")]
+#[test]
+fn serve_counts_in_redis_over_tls_and_answers_over_https() {
+    use std::process::Command;
+    const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+    let what = "serve_counts_in_redis_over_tls_and_answers_over_https";
+    let pki = Pki::new("end-to-end CA");
+    let dir = tempfile::tempdir().unwrap();
+    let (redis_cert, redis_key) = pki.leaf().write(dir.path(), "redis");
+    let ca = pki.write_ca(dir.path());
+    let tls_port = common::free_port().port().to_string();
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let Some(redis) = redis_support::RedisServer::start_with(
+        what,
+        &[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &s(&redis_cert),
+            "--tls-key-file",
+            &s(&redis_key),
+            "--tls-ca-cert-file",
+            &s(&ca),
+            "--tls-auth-clients",
+            "no",
+        ],
+    ) else {
+        return;
+    };
+    let config = dir.path().join("edge.yaml");
+    std::fs::write(&config, LIMITED).unwrap();
+    let (cert, key) = pki.leaf().write(dir.path(), "server");
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let redis_url = format!("rediss://localhost:{tls_port}");
+
+    // Files it cannot use: exit 1 at start, naming the file.
+    let stray = pki.leaf().write(dir.path(), "stray").1;
+    let mismatched = Command::new(FLOWGATE)
+        .args(["serve", "--tls-cert", &s(&cert), "--tls-key", &s(&stray)])
+        .output()
+        .unwrap();
+    assert_eq!(mismatched.status.code(), Some(1), "{mismatched:?}");
+    let stderr = String::from_utf8_lossy(&mismatched.stderr);
+    assert!(
+        stderr.contains("stray.key") && stderr.contains("does not match"),
+        "{stderr}"
+    );
+    let no_ca = Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--redis",
+            &redis_url,
+            "--redis-ca-file",
+            "/nonexistent/ca.pem",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(no_ca.status.code(), Some(1), "{no_ca:?}");
+    assert!(
+        String::from_utf8_lossy(&no_ca.stderr).contains("/nonexistent/ca.pem"),
+        "{no_ca:?}"
+    );
+
+    let mut child = Command::new(FLOWGATE)
+        .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
+        .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
+        .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
+        .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
+        .args(["--tls-listeners", "http"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+        .spawn()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let answers = runtime.block_on(async {
+        let client = connector(&pki, &[b"http/1.1"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tls_connect(&client, http).await.is_err() {
+            assert!(Instant::now() < deadline, "the server never came up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (ready, body) = https_get(&client, http, "/readyz").await;
+        assert_eq!(ready, 200, "{body}");
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let stream = tls_connect(&client, http).await.unwrap();
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let check = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"api_key","value":"e2e"}]}]}"#;
+            let response = sender
+                .send_request(
+                    Request::post("/v1/check")
+                        .header("host", "localhost")
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from_static(check.as_bytes())))
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            statuses.push(response.status().as_u16());
+        }
+        statuses
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        answers,
+        [200, 200, 429],
+        "2 per minute, counted in Redis over TLS"
+    );
+    // And the counter is in that Redis.
+    let keys = redis.cli(&["--scan", "--pattern", "flowgate:*"]);
+    assert!(keys.contains("e2e"), "{keys}");
 }

@@ -28,7 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Runs the service: Envoy RLS gRPC and the HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validates configuration files without starting anything (exit 0 if all are valid).
     CheckConfig(CheckConfigArgs),
     /// Drives load at a rate-limit service (gRPC RLS, /json, /v1/check) and reports
@@ -44,7 +44,7 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
             init_logging(args.log_format);
-            serve::run(args)
+            serve::run(*args)
         }
         Command::CheckConfig(args) => check_config::run(&args),
         Command::Loadgen(args) => loadgen::run(&args),

@@ -421,6 +421,7 @@ fn parse_fail_mode(s: &str) -> Result<FailMode, String> {
 }
 
 /// Where and how to reach Redis.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 struct RedisArgs {
     urls: Vec<String>,
     cluster: bool,
@@ -431,6 +432,7 @@ struct RedisArgs {
 
 /// The PEM files for TLS to Redis, read at start (`rediss://` URLs).
 #[derive(Default)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 struct RedisTls {
     /// `--redis-ca-file`.
     roots: Option<Vec<u8>>,
@@ -516,6 +518,7 @@ async fn connect_redis(
 
 /// `url` with the password of its user information replaced by `***`
 /// (`redis://:secret@host:6379` → `redis://:***@host:6379`); unchanged if it has none.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
@@ -534,6 +537,7 @@ pub(crate) fn redact_url(url: &str) -> String {
 }
 
 /// `text` with every URL of `urls` that appears in it redacted (errors may quote them).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 fn redis_urls_redacted(text: &str, urls: &[String]) -> String {
     urls.iter().fold(text.to_owned(), |text, url| {
         text.replace(url.as_str(), &redact_url(url))

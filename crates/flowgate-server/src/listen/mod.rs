@@ -158,7 +158,7 @@ impl Acceptor {
             let io = match &self.tls {
                 None => Io::Ready(MaybeTls::Plain(stream)),
                 Some(tls) => Io::Handshaking {
-                    accept: tls.accept(stream),
+                    accept: Box::new(tls.accept(stream)),
                     deadline: Box::pin(tokio::time::sleep(self.limits.header_read_timeout)),
                     failures: self.metrics.tls_failures.clone(),
                 },
@@ -245,8 +245,9 @@ enum Io {
     Ready(MaybeTls<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>),
     /// The TLS handshake is under way.
     Handshaking {
-        /// The handshake.
-        accept: tokio_rustls::Accept<TcpStream>,
+        /// The handshake (boxed: rustls's connection state is large, and plain connections
+        /// should not carry its size).
+        accept: Box<tokio_rustls::Accept<TcpStream>>,
         /// When it is given up.
         deadline: Pin<Box<tokio::time::Sleep>>,
         /// Counts a failure.
@@ -279,7 +280,7 @@ impl Limited {
             accept, deadline, ..
         } = &mut self.io
         {
-            let failed = match Pin::new(accept).poll(cx) {
+            let failed = match Pin::new(accept.as_mut()).poll(cx) {
                 Poll::Ready(Ok(stream)) => {
                     self.io = Io::Ready(MaybeTls::Tls(Box::new(stream)));
                     None

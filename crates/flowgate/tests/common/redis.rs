@@ -32,7 +32,7 @@ fn available(what: &str) -> bool {
 }
 
 /// A loopback port that was free a moment ago.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -129,6 +129,12 @@ impl RedisServer {
         false
     }
 
+    /// The value it was started with for the argument `name` (e.g. `--tls-port`).
+    pub fn arg(&self, name: &str) -> Option<&str> {
+        let at = self.extra.iter().position(|a| a == name)?;
+        self.extra.get(at + 1).map(String::as_str)
+    }
+
     /// `redis://127.0.0.1:{port}`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
@@ -190,25 +196,36 @@ impl RedisCluster {
     /// Starts `masters` masters with `replicas` replicas each and waits until the cluster is
     /// up, or returns `None` when `redis-server` is missing and not required.
     pub fn start(what: &str, masters: usize, replicas: usize) -> Option<RedisCluster> {
+        Self::start_with(what, masters, replicas, Vec::new)
+    }
+
+    /// Like [`start`](Self::start), each node also given the arguments `extra()` returns
+    /// (called once per node).
+    pub fn start_with(
+        what: &str,
+        masters: usize,
+        replicas: usize,
+        extra: impl Fn() -> Vec<String>,
+    ) -> Option<RedisCluster> {
         if !available(what) {
             return None;
         }
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
-            let node = RedisServer::start_with(
-                what,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "1000",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    // Replicas sync at once (Redis 7 waits 5 s for more replicas by default).
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ],
-            )?;
+            let more = extra();
+            let mut args = vec![
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-config-file",
+                "nodes.conf",
+                // Replicas sync at once (Redis 7 waits 5 s for more replicas by default).
+                "--repl-diskless-sync-delay",
+                "0",
+            ];
+            args.extend(more.iter().map(String::as_str));
+            let node = RedisServer::start_with(what, &args)?;
             nodes.push(node);
         }
         let addresses: Vec<String> = nodes
