@@ -201,11 +201,7 @@ pub async fn run(
         let shutdown = signal(stopped.clone());
         let acceptor = Acceptor::new(listener, limits, service.metrics().listener("http"))
             .with_tls(tls_for(TlsListener::Http));
-        tasks.spawn(async move {
-            axum::serve(acceptor, router)
-                .with_graceful_shutdown(shutdown)
-                .await
-        });
+        tasks.spawn(api::http::serve(acceptor, router, shutdown, grace_period));
     }
     if let Some(listener) = listeners.grpc {
         let shutdown = signal(stopped.clone());

@@ -255,3 +255,74 @@ async fn the_grpc_and_http_apis_are_capped_too() {
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_and_grpc_apis_close_slow_and_silent_clients_and_refuse_oversized_heads() {
+    let timeout = Duration::from_millis(300);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, EDGE).unwrap();
+    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+    config.listen = ListenLimits {
+        header_read_timeout: timeout,
+        max_header_bytes: 4096,
+        ..ListenLimits::default()
+    };
+    let server = TestServer::start_with(config, dir, vec![path]).await;
+
+    // HTTP API, slowloris: half a head, then nothing — closed after the timeout.
+    let mut slow = TcpStream::connect(server.http).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let answer = until_closed(&mut slow).await;
+    assert!(started.elapsed() >= timeout, "closed before the timeout");
+    assert!(
+        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // HTTP API, a head over the limit: 431.
+    let mut big = TcpStream::connect(server.http).await.unwrap();
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(8192)
+    );
+    big.write_all(head.as_bytes()).await.unwrap();
+    let answer = until_closed(&mut big).await;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // gRPC: a connection that never sends its HTTP/2 preface is closed after the timeout.
+    let mut silent = TcpStream::connect(server.grpc).await.unwrap();
+    let started = Instant::now();
+    let _ = until_closed(&mut silent).await;
+    assert!(started.elapsed() >= timeout, "closed before the timeout");
+
+    // Counted per listener; the HTTP API still answers.
+    wait_metric(
+        &server,
+        "flowgate_listener_timeouts_total{listener=\"grpc\"}",
+        1.0,
+    )
+    .await;
+    assert!(
+        server
+            .metric("flowgate_listener_timeouts_total{listener=\"http\"}")
+            .await
+            >= 1.0
+    );
+    assert_eq!(
+        server
+            .metric("flowgate_listener_oversized_heads_total{listener=\"http\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(server.get("/healthz").await.status, 200);
+    server.stop().await;
+}

@@ -13,7 +13,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use flowgate::http::answer::AnswerKind;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tonic::{Request, Response, Status};
 
@@ -96,44 +95,14 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http.timer(TokioTimer::new())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
-    tokio::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            () = shutdown.as_mut() => break,
-            accepted = listener.accept() => match accepted {
-                // A connection there is room for, with TCP_NODELAY set.
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!("grpc: cannot accept a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let connection = graceful.watch(http.serve_connection(
+    crate::listen::serve_connections(listener, "grpc", shutdown, grace, |stream, _| {
+        http.serve_connection(
             TokioIo::new(stream),
             TowerToHyperService::new(service.clone()),
-        ));
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("grpc connection ended with an error: {e}");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "grpc: calls still in flight after {}; closing their connections",
-            humantime::format_duration(grace)
-        );
-    }
-    Ok(())
+        )
+    })
+    .await
 }

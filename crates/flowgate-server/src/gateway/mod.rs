@@ -48,7 +48,6 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 
 pub use upstream::{Upstream, UpstreamError};
 
@@ -301,47 +300,16 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new());
     crate::listen::configure(&mut http, acceptor.limits());
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = shutdown.as_mut() => break,
-            accepted = acceptor.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!("gateway: cannot accept a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    crate::listen::serve_connections(acceptor, "gateway", shutdown, grace, |stream, peer| {
         let gateway = gateway.clone();
         let service = service_fn(move |request| {
             let gateway = gateway.clone();
             async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
         });
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        let ended = acceptor.ended();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                ended.with_error(&e);
-                tracing::debug!(%peer, "gateway connection ended with an error: {e}");
-            }
-        });
-    }
-    drop(acceptor);
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "gateway: responses still in flight after {}; closing their connections",
-            humantime::format_duration(grace)
-        );
-    }
-    Ok(())
+        http.serve_connection(TokioIo::new(stream), service)
+    })
+    .await
 }

@@ -35,6 +35,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::tls::MaybeTls;
 
+mod serve;
+pub use serve::serve_connections;
+
 /// The default [`ListenLimits::max_connections`]: far above what one instance serves well,
 /// far below the file descriptors a flood could otherwise take.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
@@ -163,9 +166,14 @@ impl Acceptor {
                     failures: self.metrics.tls_failures.clone(),
                 },
             };
+            let first_byte = FirstByte {
+                deadline: Box::pin(tokio::time::sleep(self.limits.header_read_timeout)),
+                timeouts: self.metrics.timeouts.clone(),
+            };
             return Ok((
                 Limited {
                     io,
+                    first_byte: Some(first_byte),
                     _slot: Slot {
                         _permit: slot,
                         open: self.metrics.open.clone(),
@@ -235,8 +243,20 @@ impl Drop for Slot {
 pub struct Limited {
     /// The connection.
     io: Io,
+    /// Until the client's first byte has arrived: when the connection is given up (a client
+    /// that connects and sends nothing — slowloris — on every listener, HTTP/2 included).
+    first_byte: Option<FirstByte>,
     /// Released when the connection is dropped.
     _slot: Slot,
+}
+
+/// The deadline for a connection's first byte, and what counts its expiry.
+#[derive(Debug)]
+struct FirstByte {
+    /// When the connection is given up.
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// `flowgate_listener_timeouts_total{listener}`.
+    timeouts: Counter,
 }
 
 /// A connection's stream, before and after its TLS handshake.
@@ -319,8 +339,29 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let stream = ready!(self.poll_ready(cx))?;
-        Pin::new(stream).poll_read(cx, buf)
+        let filled = buf.filled().len();
+        let this = &mut *self;
+        let read = match this.poll_ready(cx) {
+            Poll::Ready(Ok(stream)) => Pin::new(stream).poll_read(cx, buf),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        };
+        let Some(first) = &mut this.first_byte else {
+            return read;
+        };
+        match read {
+            Poll::Ready(Ok(())) if buf.filled().len() > filled => this.first_byte = None,
+            Poll::Pending if first.deadline.as_mut().poll(cx).is_ready() => {
+                first.timeouts.inc();
+                this.first_byte = None;
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sent nothing within the header read timeout",
+                )));
+            }
+            _ => {}
+        }
+        read
     }
 }
 
@@ -364,29 +405,6 @@ impl AsyncWrite for Limited {
             Io::Ready(stream) => stream.is_write_vectored(),
             _ => false,
         }
-    }
-}
-
-/// The HTTP API (axum) accepts through the same cap.
-impl axum::serve::Listener for Acceptor {
-    type Io = Limited;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match Acceptor::accept(self).await {
-                Ok(accepted) => return accepted,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!("cannot accept a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Acceptor::local_addr(self)
     }
 }
 

@@ -40,6 +40,28 @@ use crate::metrics::Api;
 /// How long `/readyz` waits for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Serves `router` (the API, with the dashboard when on) over HTTP/1.1 on `acceptor` until
+/// `shutdown` completes, then waits up to `grace` for requests in flight. A request head must
+/// arrive within the acceptor's header read timeout (also the idle time of a kept-alive
+/// connection) and fit its header size limit (`431` beyond), as on the gateway.
+pub async fn serve(
+    acceptor: crate::listen::Acceptor,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new());
+    crate::listen::configure(&mut http, acceptor.limits());
+    crate::listen::serve_connections(acceptor, "http", shutdown, grace, |stream, _| {
+        http.serve_connection(
+            hyper_util::rt::TokioIo::new(stream),
+            hyper_util::service::TowerToHyperService::new(router.clone()),
+        )
+    })
+    .await
+}
+
 /// The HTTP routes over `service`.
 pub fn router(service: Arc<Service>) -> Router {
     let limit = DefaultBodyLimit::max(service.input_limits().max_body_bytes);
