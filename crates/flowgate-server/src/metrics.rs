@@ -261,6 +261,16 @@ pub struct UpstreamMetrics {
     pub connects: Counter,
     /// Connections idle in the pool now.
     pub idle: Gauge,
+    /// Connections open now, busy and idle.
+    pub open: Gauge,
+    /// Requests that found every connection busy and had to wait.
+    pub queued: Counter,
+    /// Requests refused (503) because every connection stayed busy for the queue timeout.
+    pub busy: Counter,
+    /// Request bodies (client uploads) given up after the body idle timeout.
+    pub request_body_timeouts: Counter,
+    /// Response bodies (from the upstream) given up after the body idle timeout.
+    pub response_body_timeouts: Counter,
 }
 
 impl Default for Metrics {
@@ -348,6 +358,31 @@ impl Metrics {
             "gateway_upstream_idle_connections",
             "Keep-alive connections to the upstream idle in the gateway's pool",
             upstream.idle.clone(),
+        );
+        registry.register(
+            "gateway_upstream_connections",
+            "Connections to the upstream open now, busy and idle (at most upstream_max_connections)",
+            upstream.open.clone(),
+        );
+        registry.register(
+            "gateway_upstream_queued",
+            "Requests that found every upstream connection busy and waited for one",
+            upstream.queued.clone(),
+        );
+        registry.register(
+            "gateway_upstream_busy",
+            "Requests answered 503 because every upstream connection stayed busy for upstream_queue_timeout",
+            upstream.busy.clone(),
+        );
+        registry.register(
+            "gateway_request_body_timeouts",
+            "Client request bodies given up after body_idle_timeout without data",
+            upstream.request_body_timeouts.clone(),
+        );
+        registry.register(
+            "gateway_response_body_timeouts",
+            "Upstream response bodies given up after body_idle_timeout without data",
+            upstream.response_body_timeouts.clone(),
         );
         let websocket = WsSource::default();
         registry.register_collector(Box::new(WsCollector(websocket.clone())));

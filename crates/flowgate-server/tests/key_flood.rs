@@ -1,7 +1,8 @@
 //! A flood of distinct keys through the service (gRPC `ShouldRateLimit`, 64 descriptors per
 //! request) with the memory store bounded: memory stays bounded, a steady key's decisions
-//! stay exact throughout, throughput stays within 2× of the same load over a few keys, and
-//! the evictions show in `/metrics`.
+//! stay exact throughout, and the evictions show in `/metrics`; throughput against the same
+//! load over a few keys is reported, and asserted (within 2×) only in the full run, which is
+//! meant to run alone.
 //!
 //! The CI-sized run floods 300,000 keys into a store bounded at 16,384 per algorithm. The
 //! full run (10 million keys, bounded at 2²⁰ ≈ 1 million, the default) is ignored by default:
@@ -160,12 +161,9 @@ async fn flood(total_keys: usize, max_keys: usize) -> (f64, f64, u64, f64, f64) 
         evicted >= (total_keys - max_keys) as f64 * 0.9,
         "evictions not in /metrics: {evicted}"
     );
-    assert!(
-        flooded.decisions_per_sec * 2.0 >= normal.decisions_per_sec,
-        "flood {:.0}/s vs normal {:.0}/s",
-        flooded.decisions_per_sec,
-        normal.decisions_per_sec
-    );
+    // Throughput is reported, not asserted: on a shared 2-core machine a timed comparison
+    // fails for reasons of its own (DEVELOPERS.md: performance goals live in benchmarks).
+    // RELIABILITY.md records the figures of the 10-million-key run.
     server.stop().await;
     (
         normal.decisions_per_sec,
@@ -192,7 +190,12 @@ async fn ten_million_keys_into_a_million_slots() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
-    let (_, _, rss_growth, _, bytes) = flood(total, 1 << 20).await;
+    let (normal, flooded, rss_growth, _, bytes) = flood(total, 1 << 20).await;
+    // Run alone on a quiet machine (the command above), throughput is asserted here.
+    assert!(
+        flooded * 2.0 >= normal,
+        "flood {flooded:.0}/s vs normal {normal:.0}/s"
+    );
     // ≤ 64 bytes per counter (DESIGN.md) for 2²⁰ counters, and the process around them.
     assert!(bytes < 96.0 * 1048576.0, "{bytes} bytes of counters");
     assert!(rss_growth < 256 * 1048576, "RSS grew {rss_growth} bytes");

@@ -8,6 +8,9 @@
 //!   trusted_proxies: [10.0.0.0/8]   # whose X-Forwarded-For is believed
 //!   ipv6_prefix: 64                 # IPv6 clients are keyed by this prefix
 //!   upstream_timeout: 30s           # until the upstream's response head
+//!   upstream_max_connections: 1024  # open to the upstream at once (busy and idle)
+//!   upstream_queue_timeout: 1s      # a request's wait for a connection when all are busy
+//!   body_idle_timeout: 60s          # silence allowed in a request or response body
 //!   forwarded: overwrite            # or append: clients' X-Forwarded-For/Forwarded
 //!   jwt: {hs256_secret_env: JWT_SECRET}   # or {rs256_public_key_file: key.pem}
 //!   descriptors:                    # each list is one request descriptor
@@ -30,6 +33,17 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 /// How long the gateway waits for the upstream's response head by default.
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The default [`GatewayConfig::upstream_max_connections`] (Envoy's default cluster
+/// circuit-breaker limit).
+pub const DEFAULT_UPSTREAM_MAX_CONNECTIONS: usize = 1024;
+
+/// The default [`GatewayConfig::upstream_queue_timeout`].
+pub const DEFAULT_UPSTREAM_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default [`GatewayConfig::body_idle_timeout`] (nginx's `client_body_timeout` and
+/// `proxy_read_timeout`).
+pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The validated `gateway:` section of one configuration file.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -43,6 +57,15 @@ pub struct GatewayConfig {
     pub descriptors: Vec<Vec<EntryConfig>>,
     /// How long to wait for the upstream's response head before answering 504.
     pub upstream_timeout: Duration,
+    /// Connections to the upstream open at once, busy and idle (read at start: a reload does
+    /// not resize the pool).
+    pub upstream_max_connections: usize,
+    /// How long a request waits for an upstream connection when all are busy before it is
+    /// answered 503 (read at start).
+    pub upstream_queue_timeout: Duration,
+    /// How long a request body (from the client) or a response body (from the upstream) may
+    /// go without data before it is given up and its connections closed.
+    pub body_idle_timeout: Duration,
     /// What happens to `X-Forwarded-For`/`Forwarded` sent by a client that is not a trusted
     /// proxy.
     pub forwarded: Forwarded,
@@ -73,6 +96,9 @@ impl GatewayConfig {
                 source: Source::RemoteAddress,
             }]],
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
+            upstream_max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
+            upstream_queue_timeout: DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
+            body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             forwarded: Forwarded::Overwrite,
         }
     }

@@ -28,6 +28,7 @@
 
 pub(crate) mod descriptors;
 pub(crate) mod forward;
+mod idle;
 mod pool;
 mod upstream;
 pub mod ws;
@@ -57,10 +58,12 @@ use crate::config::{DEFAULT_POLICY_NAME, Policy};
 use crate::listen::Acceptor;
 use crate::metrics::{Api, GatewayOutcome};
 
+pub use idle::{IdleBody, IdleError};
 pub use pool::UpstreamBody;
 
-/// The response body: the upstream's, streamed, or one the gateway wrote.
-pub type Body = Either<UpstreamBody, Full<Bytes>>;
+/// The response body: the upstream's, streamed (given up when it stalls for
+/// `body_idle_timeout`), or one the gateway wrote.
+pub type Body = Either<IdleBody<UpstreamBody>, Full<Bytes>>;
 
 /// The gateway's state, shared by every connection.
 pub struct Gateway {
@@ -115,11 +118,12 @@ impl Gateway {
     /// A gateway forwarding to `upstream`, deciding with `service`. `fallback` is the section
     /// used while the running configuration has none (see [`effective_config`]).
     pub fn new(service: Arc<Service>, upstream: Upstream, fallback: GatewayConfig) -> Self {
-        let pool = pool::Pool::new(
-            &upstream,
-            fallback.upstream_timeout,
-            service.metrics().upstream(),
-        );
+        let limits = pool::PoolLimits {
+            connect_timeout: fallback.upstream_timeout,
+            max_connections: fallback.upstream_max_connections,
+            queue_timeout: fallback.upstream_queue_timeout,
+        };
+        let pool = pool::Pool::new(&upstream, limits, service.metrics().upstream());
         Gateway {
             service,
             pool,
@@ -197,11 +201,14 @@ impl Gateway {
             }
             answer = Some(decided);
         }
-        let timeout = config.upstream_timeout;
+        let timeouts = Timeouts {
+            response_head: config.upstream_timeout,
+            body_idle: config.body_idle_timeout,
+        };
         let keep_earlier =
             config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         drop(active);
-        self.forward(peer, parts, body, timeout, keep_earlier, answer)
+        self.forward(peer, parts, body, timeouts, keep_earlier, answer)
             .await
     }
 
@@ -239,12 +246,14 @@ impl Gateway {
         peer: SocketAddr,
         mut parts: Parts,
         body: Incoming,
-        timeout: Duration,
+        timeouts: Timeouts,
         keep_earlier: bool,
         answer: Option<Answer>,
     ) -> Response<Body> {
         forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
-
+        let metrics = self.service.metrics().upstream();
+        let body = IdleBody::new(body, timeouts.body_idle, metrics.request_body_timeouts);
+        let timeout = timeouts.response_head;
         let sent = self.pool.send(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(timeout, sent).await {
             Ok(Ok(response)) => response,
@@ -252,6 +261,24 @@ impl Gateway {
             Ok(Err(e)) => {
                 tracing::warn!(upstream = %self.upstream, "upstream request failed: {e}");
                 let detail = match e {
+                    pool::SendError::Busy(_) => {
+                        return self.problem(
+                            GatewayOutcome::Unavailable,
+                            Problem::status(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the upstream is busy; retry later",
+                            ),
+                        );
+                    }
+                    pool::SendError::Http(e) if request_body_stalled(&e) => {
+                        return self.problem(
+                            GatewayOutcome::Rejected,
+                            Problem::status(
+                                StatusCode::REQUEST_TIMEOUT,
+                                "the request body stalled",
+                            ),
+                        );
+                    }
                     pool::SendError::Connect(_) => "the upstream could not be reached",
                     pool::SendError::Http(_) => "the upstream failed to answer",
                 };
@@ -286,8 +313,33 @@ impl Gateway {
         self.service
             .metrics()
             .gateway_response(GatewayOutcome::Forwarded);
+        let body = IdleBody::new(body, timeouts.body_idle, metrics.response_body_timeouts);
         Response::from_parts(parts, Either::Left(body))
     }
+}
+
+/// The time limits of one forwarded request.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    /// Until the upstream's response head (`upstream_timeout`).
+    response_head: Duration,
+    /// Silence allowed in either body (`body_idle_timeout`).
+    body_idle: Duration,
+}
+
+/// Whether the upstream exchange failed because the client's body stalled.
+fn request_body_stalled(error: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if matches!(
+            e.downcast_ref::<IdleError<hyper::Error>>(),
+            Some(IdleError::Idle(_))
+        ) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Serves `gateway` on `acceptor` until `shutdown` completes; then stops accepting and waits

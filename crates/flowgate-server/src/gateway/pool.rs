@@ -13,6 +13,11 @@
 //! An idle connection is nobody's task: a sweeper looks at the idle ones every
 //! [`SWEEP_EVERY`], closing those the upstream has closed and those idle longer than
 //! [`IDLE_TIMEOUT`]; at most [`MAX_IDLE`] are kept.
+//!
+//! At most [`PoolLimits::max_connections`] connections (busy and idle) are open at once. A
+//! request that finds none idle and no room waits up to [`PoolLimits::queue_timeout`] for a
+//! connection to come back or to close, then fails with [`SendError::Busy`] (the gateway
+//! answers 503) — a burst no longer opens one connection per request.
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
@@ -31,7 +36,11 @@ use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
 use super::Upstream;
+use super::idle::IdleBody;
 use crate::metrics::UpstreamMetrics;
 use crate::tls::MaybeTls;
 
@@ -45,9 +54,26 @@ pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// written) before it opens a new one.
 const MAX_STALE: usize = 3;
 
+/// What a request sends: the client's body, given up when it stalls.
+pub(crate) type RequestBody = IdleBody<Incoming>;
+
+/// The bounds of a pool.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PoolLimits {
+    /// How long connecting (TCP and TLS) may take.
+    pub(crate) connect_timeout: Duration,
+    /// Connections open at once, busy and idle.
+    pub(crate) max_connections: usize,
+    /// How long a request waits for a connection when all are busy.
+    pub(crate) queue_timeout: Duration,
+}
+
 /// Why a request could not be forwarded.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SendError {
+    /// Every connection was busy for the whole queue timeout.
+    #[error("all {0} upstream connections stayed busy")]
+    Busy(usize),
     /// No connection to the upstream could be opened within the connect timeout.
     #[error("cannot connect: {0}")]
     Connect(io::Error),
@@ -71,8 +97,12 @@ struct Shared {
     tls: Option<TlsTo>,
     /// The `Host` sent when a request has none (an HTTP/1.0 client's).
     host: HeaderValue,
-    /// How long connecting may take.
-    connect_timeout: Duration,
+    /// Connect timeout, connection cap, queue timeout.
+    limits: PoolLimits,
+    /// One permit per connection that may be open; each [`Conn`] holds one.
+    slots: Arc<Semaphore>,
+    /// Woken when a connection goes idle, for a request waiting for one.
+    returned: Notify,
     /// Idle connections, oldest first.
     idle: Mutex<VecDeque<Conn>>,
     /// Connects and the idle count, for `/metrics`.
@@ -94,7 +124,7 @@ impl std::fmt::Debug for TlsTo {
 }
 
 /// What reads and writes one connection.
-type Driver = Connection<TokioIo<UpstreamStream>, Incoming>;
+type Driver = Connection<TokioIo<UpstreamStream>, RequestBody>;
 
 /// A connection to the upstream, TLS for an `https://` one.
 type UpstreamStream = MaybeTls<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
@@ -102,11 +132,21 @@ type UpstreamStream = MaybeTls<TcpStream, tokio_rustls::client::TlsStream<TcpStr
 /// One connection to the upstream.
 struct Conn {
     /// Where requests are handed in.
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<RequestBody>,
     /// The reading and writing; `None` once it has ended.
     driver: Option<Pin<Box<Driver>>>,
     /// When it last went idle.
     idle_since: Instant,
+    /// Its place under the cap, given back when it closes.
+    _slot: OwnedSemaphorePermit,
+    /// Decremented when it closes.
+    open: Gauge,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
 }
 
 impl std::fmt::Debug for Conn {
@@ -171,13 +211,9 @@ fn quiet() -> Context<'static> {
 }
 
 impl Pool {
-    /// A pool for `upstream`; new connections must be established within `connect_timeout`.
-    /// Starts the sweeper when called inside a Tokio runtime.
-    pub(crate) fn new(
-        upstream: &Upstream,
-        connect_timeout: Duration,
-        metrics: UpstreamMetrics,
-    ) -> Self {
+    /// A pool for `upstream` within `limits`. Starts the sweeper when called inside a Tokio
+    /// runtime.
+    pub(crate) fn new(upstream: &Upstream, limits: PoolLimits, metrics: UpstreamMetrics) -> Self {
         let authority = upstream.authority();
         let address = format!("{}:{}", authority.host(), upstream.port());
         let tls = upstream.tls().and_then(|tls| {
@@ -202,7 +238,9 @@ impl Pool {
             address,
             tls,
             host,
-            connect_timeout,
+            limits,
+            slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            returned: Notify::new(),
             idle: Mutex::new(VecDeque::new()),
             metrics,
         });
@@ -217,22 +255,52 @@ impl Pool {
     /// the response head; the body streams from the connection as it is read.
     pub(crate) async fn send(
         &self,
-        mut request: Request<Incoming>,
+        mut request: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         if !request.headers().contains_key(HOST) {
             request.headers_mut().insert(HOST, self.shared.host.clone());
         }
-        for _ in 0..MAX_STALE {
-            let Some(conn) = self.shared.checkout() else {
-                break;
-            };
-            match self.exchange(conn, request).await {
-                Exchanged::Answered(response) => return Ok(response),
-                Exchanged::Failed(e) => return Err(e.into()),
-                Exchanged::Unsent(back) => request = back,
+        let mut stale = 0;
+        let mut deadline = None;
+        let slot = loop {
+            // Register for a returned connection before looking, so none is missed.
+            let returned = self.shared.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            if stale < MAX_STALE
+                && let Some(conn) = self.shared.checkout()
+            {
+                match self.exchange(conn, request).await {
+                    Exchanged::Answered(response) => return Ok(response),
+                    Exchanged::Failed(e) => return Err(e.into()),
+                    Exchanged::Unsent(back) => {
+                        request = back;
+                        stale += 1;
+                        continue;
+                    }
+                }
             }
-        }
-        let conn = self.connect().await?;
+            if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+                break slot;
+            }
+            // Every connection is busy: wait for one to come back or to close.
+            let deadline = *deadline.get_or_insert_with(|| {
+                self.shared.metrics.queued.inc();
+                tokio::time::Instant::now() + self.shared.limits.queue_timeout
+            });
+            tokio::select! {
+                () = returned => {}
+                slot = self.shared.slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => break slot,
+                    Err(_) => return Err(SendError::Busy(self.shared.limits.max_connections)),
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    self.shared.metrics.busy.inc();
+                    return Err(SendError::Busy(self.shared.limits.max_connections));
+                }
+            }
+        };
+        let conn = self.connect(slot).await?;
         match self.exchange(conn, request).await {
             Exchanged::Answered(response) => Ok(response),
             Exchanged::Failed(e) => Err(e.into()),
@@ -244,7 +312,7 @@ impl Pool {
     }
 
     /// Sends `request` on `conn`, driving it until the response head is in.
-    async fn exchange(&self, mut conn: Conn, request: Request<Incoming>) -> Exchanged {
+    async fn exchange(&self, mut conn: Conn, request: Request<RequestBody>) -> Exchanged {
         let answer = conn.sender.try_send_request(request);
         let mut answer = std::pin::pin!(answer);
         let mut sent = false;
@@ -274,10 +342,12 @@ impl Pool {
         }
     }
 
-    /// Opens a connection: TCP with `TCP_NODELAY`, then the HTTP/1.1 handshake.
-    async fn connect(&self) -> Result<Conn, SendError> {
+    /// Opens a connection in `slot`: TCP with `TCP_NODELAY`, TLS for an `https://` upstream,
+    /// then the HTTP/1.1 handshake.
+    async fn connect(&self, slot: OwnedSemaphorePermit) -> Result<Conn, SendError> {
+        let connect_timeout = self.shared.limits.connect_timeout;
         let connecting = TcpStream::connect(self.shared.address.as_str());
-        let stream = match tokio::time::timeout(self.shared.connect_timeout, connecting).await {
+        let stream = match tokio::time::timeout(connect_timeout, connecting).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(SendError::Connect(e)),
             Err(_) => {
@@ -292,7 +362,7 @@ impl Pool {
             None => MaybeTls::Plain(stream),
             Some(tls) => {
                 let handshake = tls.connector.connect(tls.name.clone(), stream);
-                match tokio::time::timeout(self.shared.connect_timeout, handshake).await {
+                match tokio::time::timeout(connect_timeout, handshake).await {
                     Ok(Ok(tls)) => MaybeTls::Tls(Box::new(tls)),
                     Ok(Err(e)) => return Err(SendError::Connect(e)),
                     Err(_) => {
@@ -308,10 +378,13 @@ impl Pool {
         let (sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
+        self.shared.metrics.open.inc();
         Ok(Conn {
             sender,
             driver: Some(Box::pin(driver)),
             idle_since: Instant::now(),
+            _slot: slot,
+            open: self.shared.metrics.open.clone(),
         })
     }
 }
@@ -321,7 +394,7 @@ enum Exchanged {
     /// The upstream answered.
     Answered(Response<UpstreamBody>),
     /// The connection was closed before the request was written; here it is back.
-    Unsent(Request<Incoming>),
+    Unsent(Request<RequestBody>),
     /// The exchange failed after the request was (perhaps partly) written.
     Failed(hyper::Error),
 }
@@ -364,6 +437,8 @@ impl Shared {
         }
         idle.push_back(conn);
         self.count(&idle);
+        drop(idle);
+        self.returned.notify_one();
     }
 
     /// Publishes the idle count (called with the list locked, so the gauge follows it).

@@ -188,7 +188,14 @@ pub async fn answer(
         std::future::pending::<()>().await;
     }
     let (parts, body) = request.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
+    // A body cut short (the gateway gave it up) is answered 400 — on a connection that is
+    // closing anyway — and not recorded as a request seen whole.
+    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
+        return Response::builder()
+            .status(400)
+            .body(Full::new(Bytes::from_static(b"incomplete body")).boxed())
+            .unwrap();
+    };
     seen.lock().unwrap().push(Seen {
         method: parts.method.to_string(),
         uri: parts.uri.to_string(),

@@ -15,6 +15,7 @@ use super::pos;
 use crate::config::Reference;
 use crate::config::error::ConfigError;
 use crate::config::gateway::{
+    DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_UPSTREAM_MAX_CONNECTIONS, DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
     DEFAULT_UPSTREAM_TIMEOUT, EntryConfig, Forwarded, GatewayConfig, Source,
 };
 
@@ -40,6 +41,15 @@ pub(super) struct GatewayYaml {
     /// How long to wait for the upstream's response head.
     #[serde(default)]
     upstream_timeout: Option<Spanned<String>>,
+    /// Connections to the upstream open at once.
+    #[serde(default)]
+    upstream_max_connections: Option<Spanned<u64>>,
+    /// A request's wait for a busy pool.
+    #[serde(default)]
+    upstream_queue_timeout: Option<Spanned<String>>,
+    /// Silence allowed in a body.
+    #[serde(default)]
+    body_idle_timeout: Option<Spanned<String>>,
     /// `overwrite` or `append`: untrusted clients' forwarding fields.
     #[serde(default)]
     forwarded: Option<Spanned<String>>,
@@ -140,26 +150,53 @@ pub(super) fn convert_gateway(
             ),
         }
     }
-    let upstream_timeout = match &g.upstream_timeout {
-        None => Some(DEFAULT_UPSTREAM_TIMEOUT),
-        Some(t) => match humantime::parse_duration(&t.value) {
+    let mut duration = |field: &str, value: &Option<Spanned<String>>, default: Duration| {
+        let Some(t) = value else {
+            return Some(default);
+        };
+        match humantime::parse_duration(&t.value) {
             Ok(d) if d > Duration::ZERO => Some(d),
             Ok(_) => {
-                error(
-                    pos(&t.referenced),
-                    "upstream_timeout",
-                    "must be longer than zero".into(),
-                );
+                error(pos(&t.referenced), field, "must be longer than zero".into());
                 None
             }
             Err(e) => {
                 error(
                     pos(&t.referenced),
-                    "upstream_timeout",
+                    field,
                     format!(
                         "`{}` is not a duration ({e}); write e.g. `30s`, `500ms`",
                         t.value
                     ),
+                );
+                None
+            }
+        }
+    };
+    let upstream_timeout = duration(
+        "upstream_timeout",
+        &g.upstream_timeout,
+        DEFAULT_UPSTREAM_TIMEOUT,
+    );
+    let upstream_queue_timeout = duration(
+        "upstream_queue_timeout",
+        &g.upstream_queue_timeout,
+        DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
+    );
+    let body_idle_timeout = duration(
+        "body_idle_timeout",
+        &g.body_idle_timeout,
+        DEFAULT_BODY_IDLE_TIMEOUT,
+    );
+    let upstream_max_connections = match &g.upstream_max_connections {
+        None => Some(DEFAULT_UPSTREAM_MAX_CONNECTIONS),
+        Some(n) => match usize::try_from(n.value) {
+            Ok(n) if (1..=1_000_000).contains(&n) => Some(n),
+            _ => {
+                error(
+                    pos(&n.referenced),
+                    "upstream_max_connections",
+                    "must be between 1 and 1000000".into(),
                 );
                 None
             }
@@ -242,6 +279,9 @@ pub(super) fn convert_gateway(
         client_ip: ClientIp::new(trusted).peer_ip(peer),
         descriptors,
         upstream_timeout: upstream_timeout?,
+        upstream_max_connections: upstream_max_connections?,
+        upstream_queue_timeout: upstream_queue_timeout?,
+        body_idle_timeout: body_idle_timeout?,
     })
 }
 
