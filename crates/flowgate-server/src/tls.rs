@@ -218,6 +218,7 @@ impl ServerCertificate {
     pub async fn watch(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         let paths = self.files();
         crate::config::reload::on_changes(
+            paths.clone(),
             move || {
                 match self.reload() {
                     Ok(CertificateReload::Replaced) => {

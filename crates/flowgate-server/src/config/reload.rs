@@ -136,7 +136,10 @@ pub async fn watch(
         }
     }
     let mut last_rejected = None;
+    let mut first = paths.clone();
+    first.extend(target.current_references());
     on_changes(
+        first,
         move || {
             reload_now(&paths, &*target, &mut last_rejected);
             // A new configuration may refer to files in other directories.
@@ -152,12 +155,16 @@ pub async fn watch(
     .await;
 }
 
-/// Runs `reload` (on a blocking thread: it reads files) once at the start, then whenever a
-/// file in the directories of the files it last returned changes, or SIGHUP arrives, until
-/// `shutdown` completes. `reload` returns the files to watch from then on. Files are watched
-/// through their directories, so renames and symlink swaps are seen too.
-pub(crate) async fn on_changes<R>(reload: R, shutdown: impl std::future::Future<Output = ()>)
-where
+/// Watches `files`, then runs `reload` (on a blocking thread: it reads files) once, and again
+/// whenever a file in the directories of the files watched changes, or SIGHUP arrives, until
+/// `shutdown` completes. `reload` returns the files to watch from then on (added to those
+/// watched). Files are watched through their directories, so renames and symlink swaps are
+/// seen too; the watch starts before the first reload, so no change is missed in between.
+pub(crate) async fn on_changes<R>(
+    files: Vec<PathBuf>,
+    reload: R,
+    shutdown: impl std::future::Future<Output = ()>,
+) where
     R: FnMut() -> Vec<PathBuf> + Send + 'static,
 {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
@@ -189,6 +196,7 @@ where
             }
         }
     };
+    watch_more(&mut watcher, &files);
     // The files may have changed between their first load and the watch starting: look once.
     let _ = tx.send(());
     spawn_sighup(tx);
