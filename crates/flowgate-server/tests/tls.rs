@@ -335,6 +335,46 @@ async fn the_gateway_serves_tls_and_forwards_to_an_https_upstream_it_can_verify(
     server.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_websocket_gateway_serves_wss() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let upstream = common::ws::EchoUpstream::start().await;
+    let pki = Pki::new("wss CA");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chat.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "domain: chat\nwebsocket:\n  upstream: ws://{}\n  limits:\n    messages: {{limit: 100, per: 1h}}\n",
+            upstream.addr
+        ),
+    )
+    .unwrap();
+    let (chain, key) = pki.leaf().write(dir.path(), "server");
+    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+    config.tls = Some(ListenerTls {
+        certificate: ServerCertificate::load(CertificateFiles { chain, key }).unwrap(),
+        listeners: vec![TlsListener::Websocket],
+    });
+    let server = TestServer::start_with(config, dir, vec![path]).await;
+    let stream = tls_connect(&connector(&pki, &[b"http/1.1"]), server.websocket.unwrap())
+        .await
+        .unwrap();
+    let (mut ws, response) = tokio_tungstenite::client_async("wss://localhost/chat", stream)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 101);
+    ws.send(Message::text("over tls")).await.unwrap();
+    let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(echoed, Message::text("over tls"));
+    server.stop().await;
+}
+
 #[cfg(feature = "redis")]
 #[path = "../../flowgate/tests/common/redis.rs"]
 #[allow(dead_code, unreachable_pub)]
@@ -375,7 +415,6 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
     let config = dir.path().join("edge.yaml");
     std::fs::write(&config, LIMITED).unwrap();
     let (cert, key) = pki.leaf().write(dir.path(), "server");
-    let (http, grpc) = (common::free_port(), common::free_port());
     let redis_url = format!("rediss://localhost:{tls_port}");
 
     // Files it cannot use: exit 1 at start, naming the file.
@@ -406,27 +445,53 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
         "{no_ca:?}"
     );
 
-    let mut child = Command::new(FLOWGATE)
-        .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
-        .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
-        .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
-        .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
-        .args(["--tls-listeners", "http"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
-        .spawn()
-        .unwrap();
+    let log_path = dir.path().join("log");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let answers = runtime.block_on(async {
-        let client = connector(&pki, &[b"http/1.1"]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tls_connect(&client, http).await.is_err() {
-            assert!(Instant::now() < deadline, "the server never came up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    let client = connector(&pki, &[b"http/1.1"]);
+    // Ports from free_port() may be taken by another test before the server binds them: a
+    // server that exits saying so is started again on others.
+    let (mut child, http) = 'started: {
+        for _ in 0..3 {
+            let (http, grpc) = (common::free_port(), common::free_port());
+            let mut child = Command::new(FLOWGATE)
+                .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
+                .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
+                .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
+                .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
+                .args(["--tls-listeners", "http"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&log_path).unwrap())
+                .spawn()
+                .unwrap();
+            let up = runtime.block_on(async {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    if tls_connect(&client, http).await.is_ok() {
+                        return true;
+                    }
+                    if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                        return false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+            if up {
+                break 'started (child, http);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            assert!(
+                log.contains("cannot listen"),
+                "the server never came up:\n{log}"
+            );
         }
+        panic!("no free ports in three tries");
+    };
+    let answers = runtime.block_on(async {
         let (ready, body) = https_get(&client, http, "/readyz").await;
         assert_eq!(ready, 200, "{body}");
         let mut statuses = Vec::new();
