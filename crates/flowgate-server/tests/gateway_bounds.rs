@@ -92,14 +92,11 @@ async fn requests_beyond_the_upstream_connection_cap_wait_then_get_503() {
 
     // A held request's client goes away: its connection closes, and a waiting request gets
     // the slot instead of a 503.
-    let waiting = tokio::spawn({
-        let gateway = gateway;
-        async move {
-            let request = hyper::Request::get(format!("http://{gateway}/fourth"))
-                .body(http_body_util::Full::default())
-                .unwrap();
-            send(&client(), request).await
-        }
+    let waiting = tokio::spawn(async move {
+        let request = hyper::Request::get(format!("http://{gateway}/fourth"))
+            .body(http_body_util::Full::default())
+            .unwrap();
+        send(&client(), request).await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(held.pop());
