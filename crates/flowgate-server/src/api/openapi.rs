@@ -22,6 +22,95 @@ pub(crate) struct ProblemBody {
     violated_policies: Option<Vec<String>>,
 }
 
+/// `POST /json`'s body: `envoy.service.ratelimit.v3.RateLimitRequest` in proto-JSON (names in
+/// lowerCamelCase; the .proto's snake_case names are accepted too). The byte limits on
+/// domains, keys and values (`InputLimits`) are in docs/service.md, not in this schema.
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(crate) struct RlsJsonRequest {
+    /// The domain of the rules to check against.
+    #[schema(min_length = 1)]
+    domain: String,
+    /// The descriptors; all must allow the request.
+    #[schema(min_items = 1, max_items = 64)]
+    descriptors: Vec<RlsJsonDescriptor>,
+    /// Units every descriptor asks for (0 or absent: 1).
+    #[serde(default, rename = "hitsAddend")]
+    #[schema(maximum = 4294967295_u64)]
+    hits_addend: Option<u32>,
+}
+
+/// A descriptor of [`RlsJsonRequest`].
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(crate) struct RlsJsonDescriptor {
+    /// Its entries, matched against the rule tree.
+    #[schema(max_items = 16)]
+    entries: Vec<RlsJsonEntry>,
+    /// A limit to apply instead of the configured one.
+    #[serde(default)]
+    limit: Option<RlsJsonOverride>,
+    /// Units this descriptor asks for, instead of the request's.
+    #[serde(default, rename = "hitsAddend")]
+    hits_addend: Option<u64>,
+}
+
+/// An entry of a descriptor.
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(crate) struct RlsJsonEntry {
+    /// The entry's key.
+    key: String,
+    /// Its value.
+    value: String,
+}
+
+/// A per-request limit override (`RateLimitOverride`).
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(crate) struct RlsJsonOverride {
+    /// Requests allowed per unit.
+    #[serde(rename = "requestsPerUnit")]
+    #[schema(maximum = 4294967295_u64)]
+    requests_per_unit: u32,
+    /// The unit.
+    unit: OverrideUnit,
+}
+
+/// The unit of a limit override: proto enum names (any case is accepted).
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[allow(dead_code, clippy::upper_case_acronyms)]
+pub(crate) enum OverrideUnit {
+    /// Per second.
+    SECOND,
+    /// Per minute.
+    MINUTE,
+    /// Per hour.
+    HOUR,
+    /// Per day.
+    DAY,
+    /// Per week.
+    WEEK,
+    /// Per (30-day) month.
+    MONTH,
+    /// Per year.
+    YEAR,
+}
+
+/// The `text/event-stream` events of `GET /dashboard/events`, one per second.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct SnapshotEvent {
+    /// Always `snapshot`.
+    event: String,
+    /// The snapshot, as JSON (see `GET /dashboard/latest`).
+    data: String,
+}
+
 use std::sync::OnceLock;
 
 use axum::http::{HeaderValue, header};
@@ -35,7 +124,7 @@ use utoipa::{Modify, OpenApi};
     info(
         title = "Flowgate",
         description = "The Flowgate rate-limit service's HTTP API (the Envoy RLS gRPC API is described by its .proto). See docs/service.md.",
-        license(name = "MIT OR Apache-2.0"),
+        license(name = "Apache-2.0"),
     ),
     paths(
         super::http::json,
@@ -51,7 +140,7 @@ use utoipa::{Modify, OpenApi};
         crate::dashboard::events,
         crate::dashboard::latest,
     ),
-    components(schemas(ProblemBody)),
+    components(schemas(ProblemBody, RlsJsonRequest, SnapshotEvent)),
     modifiers(&AdminSecurity),
     tags(
         (name = "decisions", description = "Rate-limit decisions"),

@@ -193,7 +193,7 @@ pub(crate) async fn page() -> Response {
     path = "/dashboard/events",
     tag = "dashboard",
     responses(
-        (status = 200, description = "Server-sent events: one `snapshot` event per second, its data a Snapshot as JSON", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-sent events: one `snapshot` event per second, its data a Snapshot as JSON", content_type = "text/event-stream", body = crate::api::openapi::SnapshotEvent),
         (status = 503, description = "Too many event streams are open", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
     )
 )]

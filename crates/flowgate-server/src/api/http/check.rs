@@ -25,9 +25,11 @@ use crate::metrics::Api;
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CheckRequest {
-    /// The domain.
+    /// The domain (the byte limits on it, on keys and on values are in docs/service.md).
+    #[schema(min_length = 1)]
     domain: String,
-    /// The descriptors.
+    /// The descriptors; all must allow the request.
+    #[schema(min_items = 1, max_items = 64)]
     descriptors: Vec<CheckDescriptor>,
     /// Units per descriptor (0 or absent: 1).
     #[serde(default)]
@@ -37,6 +39,7 @@ pub(crate) struct CheckRequest {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CheckDescriptor {
+    #[schema(max_items = 16)]
     entries: Vec<CheckEntry>,
     #[serde(default)]
     hits_addend: Option<u64>,
@@ -55,6 +58,8 @@ struct CheckEntry {
 #[serde(deny_unknown_fields)]
 struct CheckOverride {
     requests_per_unit: u64,
+    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year` (any case).
+    #[schema(pattern = "^(second|minute|hour|day|week|month|year|SECOND|MINUTE|HOUR|DAY|WEEK|MONTH|YEAR)$")]
     unit: String,
 }
 

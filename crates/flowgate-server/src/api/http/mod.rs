@@ -151,7 +151,7 @@ pub(crate) fn parse_json(
     post,
     path = "/json",
     tag = "decisions",
-    request_body(content = Object, description = "envoy.service.ratelimit.v3.RateLimitRequest in proto-JSON: `domain`, `descriptors` (`entries` of `key`/`value`, optional `hitsAddend`, `limit`), `hitsAddend`"),
+    request_body(content = crate::api::openapi::RlsJsonRequest, description = "envoy.service.ratelimit.v3.RateLimitRequest in proto-JSON"),
     responses(
         (status = 200, description = "OK", body = JsonResponse),
         (status = 429, description = "OVER_LIMIT", body = JsonResponse),
