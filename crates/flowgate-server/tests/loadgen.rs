@@ -205,3 +205,21 @@ async fn heavy_requests_are_denied_by_the_counter_and_threads_share_the_callers(
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_paces_the_callers_on_a_schedule() {
+    let server = TestServer::start(&[("lg.yaml", POLICY)]).await;
+    // 100 requests at 200 per second over 4 callers: the schedule alone takes ~0.5 s, however
+    // fast the server is (a lower bound, which load on the machine cannot break).
+    let report = measure(&args(
+        format!("grpc://{}", server.grpc),
+        &["--requests", "100", "--rate", "200", "-c", "4"],
+    ))
+    .await
+    .unwrap();
+    assert_eq!((report.requests, report.errors), (100, 0), "{report:?}");
+    assert!(report.elapsed_s >= 0.45, "{report:?}");
+    let bad = Cli::try_parse_from(["flowgate", "loadgen", "--rate", "0"]);
+    assert!(bad.is_err());
+    server.stop().await;
+}

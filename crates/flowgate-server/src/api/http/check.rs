@@ -59,7 +59,9 @@ struct CheckEntry {
 struct CheckOverride {
     requests_per_unit: u64,
     /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year` (any case).
-    #[schema(pattern = "^(second|minute|hour|day|week|month|year|SECOND|MINUTE|HOUR|DAY|WEEK|MONTH|YEAR)$")]
+    #[schema(
+        pattern = "^(second|minute|hour|day|week|month|year|SECOND|MINUTE|HOUR|DAY|WEEK|MONTH|YEAR)$"
+    )]
     unit: String,
 }
 

@@ -80,12 +80,25 @@ pub struct LoadgenArgs {
     /// Stop after this many requests instead of after `--duration`.
     #[arg(long, short = 'n')]
     pub requests: Option<u64>,
+    /// Requests per second in all (open loop): each caller sends on a fixed schedule of
+    /// `rate / concurrency` per second, and latency counts from the scheduled send time, so a
+    /// slow server cannot hide its stalls by slowing the callers down (no coordinated
+    /// omission). Without it, callers send back to back (closed loop).
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
     /// Seed of the key draws (runs with the same seed send the same keys).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(rate) if rate > 0.0 && rate.is_finite() => Ok(rate),
+        _ => Err(format!("`{s}` is not a rate above 0 (requests per second)")),
+    }
 }
 
 fn parse_share(s: &str) -> Result<f64, String> {
@@ -367,6 +380,7 @@ fn drive(plan: Plan) -> Result<Option<Finished>, String> {
             let seed = args.seed.wrapping_add(worker as u64);
             tasks.spawn_local(call_loop(
                 caller,
+                worker,
                 seed,
                 args.clone(),
                 shared.clone(),
@@ -387,6 +401,7 @@ fn drive(plan: Plan) -> Result<Option<Finished>, String> {
 /// One caller: requests back to back until the deadline or `--requests`.
 async fn call_loop(
     mut caller: Caller,
+    worker: usize,
     seed: u64,
     args: LoadgenArgs,
     shared: Arc<Shared>,
@@ -397,7 +412,20 @@ async fn call_loop(
     let counters = &shared.counters[thread];
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut now = Instant::now();
+    // With --rate: this caller's interval, and its first slot staggered among the callers'.
+    let interval = args
+        .rate
+        .map(|rate| Duration::from_secs_f64(args.concurrency.max(1) as f64 / rate));
+    let mut next =
+        interval.map(|i| now + i.mul_f64(worker as f64 / args.concurrency.max(1) as f64));
     loop {
+        if let (Some(slot), Some(interval)) = (next, interval) {
+            if slot > now {
+                tokio::time::sleep_until(slot.into()).await;
+            }
+            now = slot;
+            next = Some(slot + interval);
+        }
         if clock.deadline.is_some_and(|d| now >= d) {
             break;
         }
