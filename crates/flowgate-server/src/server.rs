@@ -205,8 +205,10 @@ pub async fn run(
     }
     if let Some(listener) = listeners.grpc {
         let shutdown = signal(stopped.clone());
+        // HTTP/2's client preface: 24 bytes, all due within the header read timeout.
         let acceptor = Acceptor::new(listener, limits, service.metrics().listener("grpc"))
-            .with_tls(tls_for(TlsListener::Grpc));
+            .with_tls(tls_for(TlsListener::Grpc))
+            .with_opening_bytes(24);
         if noop {
             tasks.spawn(api::grpc::serve(
                 acceptor,

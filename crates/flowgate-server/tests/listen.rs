@@ -304,11 +304,33 @@ async fn the_http_and_grpc_apis_close_slow_and_silent_clients_and_refuse_oversiz
     let _ = until_closed(&mut silent).await;
     assert!(started.elapsed() >= timeout, "closed before the timeout");
 
+    // gRPC: a client trickling its preface, a byte every 100 ms, is closed after the timeout
+    // too (the whole 24-byte preface is due within it).
+    let mut trickle = TcpStream::connect(server.grpc).await.unwrap();
+    let started = Instant::now();
+    let mut closed = false;
+    for byte in b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" {
+        if trickle.write_all(&[*byte]).await.is_err() {
+            closed = true;
+            break;
+        }
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(Duration::from_millis(100), trickle.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => {
+                closed = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(closed, "a trickled preface was waited for");
+    assert!(started.elapsed() >= timeout, "closed before the timeout");
+
     // Counted per listener; the HTTP API still answers.
     wait_metric(
         &server,
         "flowgate_listener_timeouts_total{listener=\"grpc\"}",
-        1.0,
+        2.0,
     )
     .await;
     assert!(

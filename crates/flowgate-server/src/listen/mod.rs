@@ -100,6 +100,8 @@ pub struct Acceptor {
     metrics: ListenerMetrics,
     /// TLS for every connection, when set.
     tls: Option<TlsAcceptor>,
+    /// How many bytes a client must send within the header read timeout.
+    opening_bytes: usize,
 }
 
 impl std::fmt::Debug for Acceptor {
@@ -121,7 +123,16 @@ impl Acceptor {
             limits,
             metrics,
             tls: None,
+            opening_bytes: 1,
         }
+    }
+
+    /// Requires the first `bytes` bytes of every connection (HTTP/2's 24-byte preface, say)
+    /// within [`ListenLimits::header_read_timeout`], instead of the first byte only: a client
+    /// that trickles its opening is closed like one that sends nothing.
+    pub fn with_opening_bytes(mut self, bytes: usize) -> Self {
+        self.opening_bytes = bytes.max(1);
+        self
     }
 
     /// Serves every connection over TLS with `tls` (the handshake within
@@ -169,6 +180,7 @@ impl Acceptor {
             let first_byte = FirstByte {
                 deadline: Box::pin(tokio::time::sleep(self.limits.header_read_timeout)),
                 timeouts: self.metrics.timeouts.clone(),
+                missing: self.opening_bytes,
             };
             return Ok((
                 Limited {
@@ -243,8 +255,9 @@ impl Drop for Slot {
 pub struct Limited {
     /// The connection.
     io: Io,
-    /// Until the client's first byte has arrived: when the connection is given up (a client
-    /// that connects and sends nothing — slowloris — on every listener, HTTP/2 included).
+    /// Until the client's opening bytes have arrived: when the connection is given up (a
+    /// client that connects and sends nothing, or trickles its opening — slowloris — on every
+    /// listener, HTTP/2 included).
     first_byte: Option<FirstByte>,
     /// Released when the connection is dropped.
     _slot: Slot,
@@ -257,6 +270,8 @@ struct FirstByte {
     deadline: Pin<Box<tokio::time::Sleep>>,
     /// `flowgate_listener_timeouts_total{listener}`.
     timeouts: Counter,
+    /// Opening bytes still to come.
+    missing: usize,
 }
 
 /// A connection's stream, before and after its TLS handshake.
@@ -350,13 +365,18 @@ impl AsyncRead for Limited {
             return read;
         };
         match read {
-            Poll::Ready(Ok(())) if buf.filled().len() > filled => this.first_byte = None,
+            Poll::Ready(Ok(())) if buf.filled().len() > filled => {
+                first.missing = first.missing.saturating_sub(buf.filled().len() - filled);
+                if first.missing == 0 {
+                    this.first_byte = None;
+                }
+            }
             Poll::Pending if first.deadline.as_mut().poll(cx).is_ready() => {
                 first.timeouts.inc();
                 this.first_byte = None;
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "the client sent nothing within the header read timeout",
+                    "the client's opening did not arrive within the header read timeout",
                 )));
             }
             _ => {}
