@@ -8,11 +8,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use common::upstream::*;
+use common::{TestServer, until_closed, wait_metric};
 use flowgate_server::server::ServerConfig;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// PASS_ALL with `extra` lines added to its `gateway` section.
@@ -24,32 +24,6 @@ async fn bounded_gateway(upstream: &Upstream, extra: &str) -> TestServer {
     let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
     config.upstream = Some(upstream.url().parse().unwrap());
     TestServer::start_with(config, dir, vec![path]).await
-}
-
-/// Polls `series` until it is `value` (bounded by `STEP`).
-async fn wait_metric(server: &TestServer, series: &str, value: f64) {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let now = server.metric(series).await;
-        if now == value {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{series} is {now}, not {value}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Reads what the peer sends until it closes (bounded by `STEP`).
-async fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout(STEP, stream.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return out,
-            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
-            Err(_) => panic!("still open after {STEP:?}"),
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,8 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use common::upstream::{STEP, Upstream};
+use common::{TestServer, until_closed, wait_metric};
 use flowgate_server::listen::ListenLimits;
 use flowgate_server::server::ServerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,32 +24,6 @@ async fn gateway(upstream: &Upstream, limits: ListenLimits) -> TestServer {
     config.upstream = Some(upstream.url().parse().unwrap());
     config.listen = limits;
     TestServer::start_with(config, dir, vec![path]).await
-}
-
-/// Reads until the peer closes (`Ok(bytes)`), within `STEP`.
-async fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout(STEP, stream.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return out,
-            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
-            Err(_) => panic!("still open after {STEP:?}"),
-        }
-    }
-}
-
-/// Polls `series` until it is `value` (bounded by `STEP`).
-async fn wait_metric(server: &TestServer, series: &str, value: f64) {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let now = server.metric(series).await;
-        if now == value {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{series} is {now}, not {value}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,12 +301,11 @@ async fn the_http_and_grpc_apis_close_slow_and_silent_clients_and_refuse_oversiz
             break;
         }
         let mut buf = [0u8; 64];
-        match tokio::time::timeout(Duration::from_millis(100), trickle.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => {
-                closed = true;
-                break;
-            }
-            _ => {}
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(100), trickle.read(&mut buf)).await
+        {
+            closed = true;
+            break;
         }
     }
     assert!(closed, "a trickled preface was waited for");

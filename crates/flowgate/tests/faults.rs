@@ -17,16 +17,7 @@ use flowgate::{FailMode, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
-/// How much later than the timeout a call may return: 5 ms, or `FLOWGATE_FAULT_SLACK_MS` on a
-/// machine too loaded to schedule timers that precisely. The slowest call is printed.
-fn slack() -> Duration {
-    Duration::from_millis(
-        std::env::var("FLOWGATE_FAULT_SLACK_MS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(5),
-    )
-}
+use common::fault_slack as slack;
 
 /// The tests here measure time; run them one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

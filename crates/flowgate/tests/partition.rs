@@ -20,15 +20,7 @@ use flowgate::{FailMode, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
-/// As in `faults.rs`: 5 ms, or `FLOWGATE_FAULT_SLACK_MS` on a machine too loaded for that.
-fn slack() -> Duration {
-    Duration::from_millis(
-        std::env::var("FLOWGATE_FAULT_SLACK_MS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(5),
-    )
-}
+use common::fault_slack as slack;
 
 /// A network namespace holding a `redis-server`, linked to this namespace by a veth pair.
 struct Netns {

@@ -269,3 +269,34 @@ fn exchange(addr: SocketAddr, request: &str) -> Option<String> {
     conn.read_to_string(&mut response).ok()?;
     Some(response)
 }
+
+/// Reads until the peer closes (`Ok(bytes)`), within [`upstream::STEP`].
+pub async fn until_closed(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let step = upstream::STEP;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(step, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return out,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("still open after {step:?}"),
+        }
+    }
+}
+
+/// Polls `series` until it is `value` (bounded by [`upstream::STEP`]).
+pub async fn wait_metric(server: &TestServer, series: &str, value: f64) {
+    let deadline = std::time::Instant::now() + upstream::STEP;
+    loop {
+        let now = server.metric(series).await;
+        if now == value {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{series} is {now}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -377,11 +377,9 @@ fn drive(plan: Plan) -> Result<Option<Finished>, String> {
         let mut tasks = tokio::task::JoinSet::new();
         for (i, &worker) in callers.iter().enumerate() {
             let caller = connections.caller(i);
-            let seed = args.seed.wrapping_add(worker as u64);
             tasks.spawn_local(call_loop(
                 caller,
                 worker,
-                seed,
                 args.clone(),
                 shared.clone(),
                 thread,
@@ -402,7 +400,6 @@ fn drive(plan: Plan) -> Result<Option<Finished>, String> {
 async fn call_loop(
     mut caller: Caller,
     worker: usize,
-    seed: u64,
     args: LoadgenArgs,
     shared: Arc<Shared>,
     thread: usize,
@@ -410,7 +407,7 @@ async fn call_loop(
     clock: Clock,
 ) {
     let counters = &shared.counters[thread];
-    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut rng = SmallRng::seed_from_u64(args.seed.wrapping_add(worker as u64));
     let mut now = Instant::now();
     // With --rate: this caller's interval, and its first slot staggered among the callers'.
     let interval = args
