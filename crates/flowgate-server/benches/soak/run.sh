@@ -121,6 +121,7 @@ ax[3].set_xlabel("minute")
 fig.suptitle("flowgate serve --redis, soak at half capacity + 1,000 WebSocket connections")
 fig.tight_layout()
 fig.savefig(f"{out}/soak.svg")
+fig.savefig(f"{out}/soak.png", dpi=80)
 print(f"# chart: {out}/soak.svg")
 PY
 else
