@@ -467,3 +467,48 @@ async fn mixed_batches_decide_like_the_memory_store() {
         clock.advance(Duration::from_millis(37 * (round % 5)));
     }
 }
+
+/// Batches holding runs of requests for the same key (the scripts read such a run's state
+/// once and write it once) decide exactly like the memory store, denials, peeks and refunds
+/// included. One batch in flight, so batches reach Redis in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_one_key_in_a_batch_decide_like_the_memory_store() {
+    let Some(server) = RedisServer::start("runs_of_one_key") else {
+        return;
+    };
+    let clock = ManualClock::new(DEFAULT_START);
+    let redis = RedisStore::builder(server.url())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(2))
+        .max_in_flight(1)
+        .connect()
+        .await
+        .unwrap();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    for algorithm in Algorithm::ALL {
+        let quota = Quota::new(10, Duration::from_millis(400))
+            .unwrap()
+            .with_algorithm(algorithm)
+            .unwrap();
+        let keys: Vec<String> = (0..3).map(|k| format!("run:{algorithm}:{k}")).collect();
+        for round in 0..30usize {
+            let requests: Vec<Ask<'_>> = (0..24)
+                .map(|i| {
+                    // Mostly one hot key, in runs broken by the others.
+                    let key = &keys[if i % 5 == 4 { 1 + (i + round) % 2 } else { 0 }];
+                    Ask::new(key, &quota).cost(((i * 3 + round) % 5) as u64)
+                })
+                .collect();
+            let expected = memory.check_many(&requests).await;
+            let actual = redis.check_many(&requests).await;
+            assert_eq!(actual, expected, "{algorithm}, round {round}");
+            if round % 4 == 3 {
+                for key in &keys {
+                    memory.refund(key, &quota, 3).await.unwrap();
+                    redis.refund(key, &quota, 3).await.unwrap();
+                }
+            }
+            clock.advance(Duration::from_millis(23 * (round as u64 % 7)));
+        }
+    }
+}

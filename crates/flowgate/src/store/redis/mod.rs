@@ -20,7 +20,9 @@
 //!   power-of-two bucket and keep it otherwise (`SET … KEEPTTL`).
 //! * **Throughput.** Concurrent requests are batched: many decisions share one script call,
 //!   grouped by algorithm and (on a cluster) by slot, pipelined on one multiplexed connection
-//!   per server. See `BENCHMARKS.md` for what that buys over a per-call script.
+//!   per server; within a call, the requests for one key are adjacent, and the fixed window
+//!   and GCRA scripts read and write such a key once for all of them. See `BENCHMARKS.md` for
+//!   what that buys over a per-call script.
 //! * **Failures** are [`StoreError`]s: [`Timeout`](StoreError::Timeout) after the per-call
 //!   timeout (a request that timed out may still be counted when its batch reaches Redis:
 //!   a timeout can make the store admit less, never more), [`Unavailable`](StoreError::Unavailable) when Redis cannot be reached (both
