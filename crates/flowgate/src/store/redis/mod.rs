@@ -207,7 +207,7 @@ impl RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             clock: None,
             max_batch: 256,
-            max_in_flight: 2,
+            max_in_flight: 1,
         }
     }
 
@@ -239,8 +239,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Most batches waiting for Redis at once (default 2): while they are out, new requests
-    /// gather into the next batch. 1 batches most; more lowers latency on a fast network.
+    /// Most batches waiting for Redis at once (default 1): while they are out, new requests
+    /// gather into the next batch. 1 batches most, and so costs Redis least per decision (with
+    /// 2, the service's decisions took 1.1–1.8× the Redis CPU: BENCHMARKS.md); more lowers
+    /// latency on a fast network.
     pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.max_in_flight = max_in_flight.max(1);
         self
