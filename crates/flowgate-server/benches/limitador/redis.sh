@@ -19,7 +19,9 @@
 # stime, all threads), Redis's CPU per decision (`INFO cpu`, used_cpu_user + used_cpu_sys,
 # delta over the run — the server's start and its first script loads included), Redis
 # commands and `EVALSHA`/`EVAL` calls per decision (`INFO commandstats`), admitted and denied
-# counts. The summary gives medians over rounds.
+# counts, and Flowgate's fallback decisions (`flowgate_fallback_decisions_total`: requests its
+# rule's `fail` mode answered because Redis did not answer within --redis-timeout, 50 ms by
+# default — fail open admits them uncounted). The summary gives medians over rounds.
 #
 # Scenarios (SCENARIOS):
 #   keys1000  `flowgate loadgen`, 64 callers, 1,000 values of `api_key` drawn uniformly,
@@ -69,7 +71,7 @@ for spec in ${FLOWGATES:-}; do BIN[flowgate-${spec%%=*}]=${spec#*=}; done
 die() { echo "redis.sh: $*" >&2; exit 1; }
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 && $DURATION -le 600 ]] || die "DURATION: whole seconds, 1..600"
 [[ $ROUNDS =~ ^[0-9]+$ && $ROUNDS -ge 1 && $ROUNDS -le 50 ]] || die "ROUNDS: 1..50"
-for tool in taskset redis-server redis-cli python3; do
+for tool in taskset redis-server redis-cli python3 curl; do
   command -v "$tool" >/dev/null || die "$tool is missing"
 done
 [[ -x $FLOWGATE ]] || die "no flowgate binary at $FLOWGATE (cargo build --release -p flowgate-server)"
@@ -166,7 +168,7 @@ stop_server() {
 lg=(taskset -c "$LOAD_CPU" "$LOADGEN" loadgen --domain bench --key api_key --concurrency "$CONCURRENCY" --json)
 
 # --- rounds ------------------------------------------------------------------------------------
-echo -e "round\tscenario\tserver\tanswered\telapsed_s\tok\tdenied\terrors\tp50_us\tp99_us\tserver_ticks\tredis_cpu_s\tevals\tcommands\tload_before\tload_after" >"$OUT/runs.tsv"
+echo -e "round\tscenario\tserver\tanswered\telapsed_s\tok\tdenied\terrors\tp50_us\tp99_us\tserver_ticks\tredis_cpu_s\tevals\tcommands\tfallbacks\tload_before\tload_after" >"$OUT/runs.tsv"
 read -ra server_list <<<"$SERVERS"
 n=${#server_list[@]}
 for round in $(seq "$ROUNDS"); do
@@ -190,6 +192,11 @@ for round in $(seq "$ROUNDS"); do
       esac
       "${lg[@]}" --target "grpc://127.0.0.1:$GRPC" "${flags[@]}" >"$base.json"
       t1=$(ticks "$server_pid")
+      fallbacks=0
+      if [[ $s == flowgate* ]]; then
+        fallbacks=$(curl -s --max-time 5 "http://127.0.0.1:$PORT_BASE/metrics" |
+          awk '/^flowgate_fallback_decisions_total/ {s += $2} END {print s + 0}')
+      fi
       # limitador's cached storage writes to Redis in the background: let it flush (its
       # default period is 1 s) before reading what Redis did for it.
       [[ $s == limitador-cached ]] && sleep 2
@@ -197,15 +204,15 @@ for round in $(seq "$ROUNDS"); do
       read -r evals commands <<<"$(redis_calls)"
       load_after=$(cut -d' ' -f1-3 /proc/loadavg)
       stop_server
-      python3 - "$base" "$round" "$scenario" "$s" "$((t1 - t0))" "$c0" "$c1" "$evals" "$commands" "$load_before" "$load_after" >>"$OUT/runs.tsv" <<'PY'
+      python3 - "$base" "$round" "$scenario" "$s" "$((t1 - t0))" "$c0" "$c1" "$evals" "$commands" "$fallbacks" "$load_before" "$load_after" >>"$OUT/runs.tsv" <<'PY'
 import json, sys
-base, rnd, scenario, server, ticks, c0, c1, evals, commands, lb, la = sys.argv[1:]
+base, rnd, scenario, server, ticks, c0, c1, evals, commands, fallbacks, lb, la = sys.argv[1:]
 r = json.load(open(base + ".json"))
 row = [rnd, scenario, server, r["requests"], r["elapsed_s"], r["ok"], r["over_limit"], r["errors"],
-       r["latency_us"]["p50"], r["latency_us"]["p99"], ticks, f"{float(c1) - float(c0):.6f}", evals, commands, lb, la]
+       r["latency_us"]["p50"], r["latency_us"]["p99"], ticks, f"{float(c1) - float(c0):.6f}", evals, commands, fallbacks, lb, la]
 print("\t".join(str(x) for x in row))
 PY
-      tail -1 "$OUT/runs.tsv" | awk -F'\t' -v tck="$TCK" '{a = ($4 > 0 ? $4 : 1); printf "round %s %-8s %-16s %8.0f/s  server %5.2f us/dec  redis %5.2f us/dec  %.3f evals/dec  %.2f cmds/dec  ok %s denied %s errors %s  load %s -> %s\n", $1, $2, $3, $4 / $5, $11 / tck * 1e6 / a, $12 * 1e6 / a, $13 / a, $14 / a, $6, $7, $8, $15, $16}'
+      tail -1 "$OUT/runs.tsv" | awk -F'\t' -v tck="$TCK" '{a = ($4 > 0 ? $4 : 1); printf "round %s %-8s %-16s %8.0f/s  server %5.2f us/dec  redis %5.2f us/dec  %.3f evals/dec  %.2f cmds/dec  ok %s denied %s errors %s fallbacks %s  load %s -> %s\n", $1, $2, $3, $4 / $5, $11 / tck * 1e6 / a, $12 * 1e6 / a, $13 / a, $14 / a, $6, $7, $8, $15, $16, $17}'
     done
   done
 done
@@ -218,7 +225,7 @@ rows = list(csv.DictReader(open(path), delimiter="\t"))
 med = statistics.median
 table = {}
 print(f"{'scenario':<9}{'server':<18}{'decisions/s':>12}{'srv us/dec':>11}{'redis us/dec':>13}{'evals/dec':>10}{'cmds/dec':>9}"
-      f"{'p99 us':>8}{'errors':>7}   admitted (ok) per round   redis us/decision per round")
+      f"{'p99 us':>8}{'errors':>7}{'fallbk':>7}   admitted (ok) per round   redis us/decision per round")
 for sc in scenarios:
     for sv in servers:
         rs = [r for r in rows if r["scenario"] == sc and r["server"] == sv]
@@ -234,11 +241,12 @@ for sc in scenarios:
             p99=med(float(r["p99_us"]) for r in rs),
             errors=sum(int(r["errors"]) for r in rs),
             ok=[int(r["ok"]) for r in rs],
+            fallbacks=sum(int(r["fallbacks"]) for r in rs),
             loads=[float(r["load_before"].split()[0]) for r in rs] + [float(r["load_after"].split()[0]) for r in rs])
         st["redis"] = med(st["redis_all"])
         table[sc, sv] = st
         print(f"{sc:<9}{sv:<18}{st['rate']:>12,.0f}{st['srv']:>11.2f}{st['redis']:>13.2f}{st['evals']:>10.3f}{st['cmds']:>9.2f}"
-              f"{st['p99']:>8.0f}{st['errors']:>7}   {' · '.join(map(str, st['ok']))}   {' · '.join(f'{u:.2f}' for u in st['redis_all'])}")
+              f"{st['p99']:>8.0f}{st['errors']:>7}{st['fallbacks']:>7}   {' · '.join(map(str, st['ok']))}   {' · '.join(f'{u:.2f}' for u in st['redis_all'])}")
 print()
 print("Flowgate ÷ peer (medians of rounds): decisions/s, server CPU per decision, Redis CPU per decision:")
 for sc in scenarios:
