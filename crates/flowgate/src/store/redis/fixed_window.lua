@@ -1,12 +1,19 @@
--- Fixed window (see algorithm/fixed_window.rs). State: the window (start divided by the
--- period) and the count (`load2`, `store2`). Periods are whole microseconds (checked by the
--- client), so the window index is exact.
+-- Fixed window (see algorithm/fixed_window.rs). State: "window count" (hex), window = start
+-- divided by the period. Periods are whole microseconds (checked by the client), so the
+-- window index is exact.
 -- Quota block (2): limit, period in µs. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, window, count as read; zeros for a new key.
 -- Runs of one key read and write its state once (see the prelude).
 -- Expiry: the end of the window, set when a write starts a window.
 local F = blocks(2)
 local Limit, P = F[1], F[2]
+-- "window count" as two numbers; nil when malformed.
+local function parse(v)
+  local sp = string.find(v, ' ', 1, true)
+  if not sp then return nil end
+  return tonumber(string.sub(v, 1, sp - 1), 16), tonumber(string.sub(v, sp + 1), 16)
+end
+local function store(key, w, c, ttl) store2(key, string.format('%x %x', w, c), ttl) end
 -- The current window of each quota.
 local Now = {}
 for j = 1, quotas do Now[j] = div(now_u, P[j]) end
@@ -19,9 +26,9 @@ for i = 1, #KEYS do
   local key = KEYS[i]
   local j, cost = request(i, 2)
   if key ~= cur then
-    if dirty then store2(cur, sw, sc, ttl) end
+    if dirty then store(cur, sw, sc, ttl) end
     cur, dirty, ttl = key, false, nil
-    ours, sw, sc = load2(key)
+    ours, sw, sc = load2(key, parse)
     live = sw ~= nil
     if not live then sw, sc = 0, 0 end
   end
@@ -54,5 +61,5 @@ for i = 1, #KEYS do
   out[n + 1], out[n + 2], out[n + 3] = status, rw, rc
   n = n + 3
 end
-if dirty then store2(cur, sw, sc, ttl) end
+if dirty then store(cur, sw, sc, ttl) end
 return out

@@ -1,5 +1,4 @@
--- GCRA (see algorithm/gcra.rs). State: the theoretical arrival time `tat` as a pair (u, r)
--- (`load2`, `store2`).
+-- GCRA (see algorithm/gcra.rs). State: the theoretical arrival time `tat`.
 -- Quota block (5): T (u, r), τ (u, r), W. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, the tat read (u, r); (0, 0) for a key never seen.
 -- Runs of one key read and write its state once (see the prelude).
@@ -27,9 +26,9 @@ for i = 1, #KEYS do
     cu, cr = times_t(j, cost)
   end
   if key ~= cur then
-    if dirty then store2(cur, su, sr, ttl) end
+    if dirty then store2(cur, fmt(su, sr), ttl) end
     cur, dirty, ttl = key, false, nil
-    ours, su, sr = load2(key)
+    ours, su, sr = load2(key, pair)
     live = su ~= nil
     if not live then su, sr = 0, 0 end
   end
@@ -70,5 +69,5 @@ for i = 1, #KEYS do
   out[n + 1], out[n + 2], out[n + 3] = status, ru, rr
   n = n + 3
 end
-if dirty then store2(cur, su, sr, ttl) end
+if dirty then store2(cur, fmt(su, sr), ttl) end
 return out

@@ -3,10 +3,9 @@
 -- Lua numbers are doubles, exact only for integers below 2^53, while a time stamp in
 -- nanoseconds since the Unix epoch is about 2^61. So every instant and duration travels as a
 -- pair (u, r): u whole microseconds and r < 1000 nanoseconds. u stays below 2^53 until the
--- year 2255, and sums, differences and comparisons of pairs are exact. Fixed window and GCRA
--- store two doubles (`load2`, `store2` below); the others store text in hexadecimal (parsed
--- with strtoul, three times faster than decimal): an instant or duration is hex(u) followed by
--- r in exactly three hex digits.
+-- year 2255, and sums, differences and comparisons of pairs are exact. Stored values are
+-- hexadecimal (parsed with strtoul, three times faster than decimal); an instant or duration
+-- is stored as hex(u) followed by r in exactly three hex digits.
 --
 -- ARGV[1], ARGV[2]: now as (u, r), or ARGV[1] == '' to use the server's TIME.
 -- ARGV[3]: '0' to acquire, '1' to refund. ARGV[4]: q, the number of quotas. ARGV[5]: the
@@ -94,12 +93,6 @@ local function get(key)
   return false, nil
 end
 
--- Two whole numbers below 2^53 (fixed window: window and count; GCRA: a pair (u, r)), stored
--- as two little-endian doubles (struct.pack '<dd', 16 bytes, exact): one C call reads or
--- writes them, where text needed a find, two subs, two tonumbers and a string.format.
-local spack, sunpack = struct.pack, struct.unpack
-local MAX = 9007199254740992 -- 2^53
-
 -- Runs: the client sorts a batch by key (keeping the order of a key's requests), so requests
 -- for one key are adjacent. A script reads a run's state once (`load2`), carries it from
 -- request to request exactly as a GET would have returned it, and writes it once at the end
@@ -107,25 +100,23 @@ local MAX = 9007199254740992 -- 2^53
 -- write sets the expiry of the run's last write that set one (`ttl`, ms), else keeps it.
 -- (Correct in any order: a key met again after its run was written is read again.)
 
--- The state at `key`: (true, a, b); (true) for a missing key; (false) for a value Flowgate did
--- not write (not a string, not 16 bytes, or not two whole numbers below 2^53: 16 bytes of
--- text almost never are, and the client's replay checks what passes).
-local function load2(key)
+-- The state at `key`, two numbers parsed from its text by `parse` (nil when malformed):
+-- (true, a, b); (true) for a missing key; (false) for a value Flowgate did not write (not a
+-- string, or text `parse` rejects).
+local function load2(key, parse)
   local ok, v = get(key)
   if not ok then return false end
   if not v then return true end
-  if #v ~= 16 then return false end
-  local a, b = sunpack('<dd', v)
-  if a >= 0 and a < MAX and a % 1 == 0 and b >= 0 and b < MAX and b % 1 == 0 then
-    return true, a, b
-  end
+  local a, b = parse(v)
+  if a and b then return true, a, b end
   return false
 end
 
-local function store2(key, a, b, ttl)
+-- Writes `value` (text) at `key`, with an expiry `ttl` (ms) or, when nil, the one it has.
+local function store2(key, value, ttl)
   if ttl then
-    rcall('SET', key, spack('<dd', a, b), 'PX', ttl)
+    rcall('SET', key, value, 'PX', ttl)
   else
-    rcall('SET', key, spack('<dd', a, b), 'KEEPTTL')
+    rcall('SET', key, value, 'KEEPTTL')
   end
 end
