@@ -467,3 +467,151 @@ async fn mixed_batches_decide_like_the_memory_store() {
         clock.advance(Duration::from_millis(37 * (round % 5)));
     }
 }
+
+/// Batches holding runs of requests for the same key (the scripts read such a run's state
+/// once and write it once) decide exactly like the memory store, denials, peeks and refunds
+/// included. One batch in flight, so batches reach Redis in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_one_key_in_a_batch_decide_like_the_memory_store() {
+    let Some(server) = RedisServer::start("runs_of_one_key") else {
+        return;
+    };
+    let clock = ManualClock::new(DEFAULT_START);
+    let redis = RedisStore::builder(server.url())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(2))
+        .max_in_flight(1)
+        .connect()
+        .await
+        .unwrap();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    for algorithm in Algorithm::ALL {
+        let quota = Quota::new(10, Duration::from_millis(400))
+            .unwrap()
+            .with_algorithm(algorithm)
+            .unwrap();
+        let keys: Vec<String> = (0..3).map(|k| format!("run:{algorithm}:{k}")).collect();
+        for round in 0..30usize {
+            let requests: Vec<Ask<'_>> = (0..24)
+                .map(|i| {
+                    // Mostly one hot key, in runs broken by the others.
+                    let key = &keys[if i % 5 == 4 { 1 + (i + round) % 2 } else { 0 }];
+                    Ask::new(key, &quota).cost(((i * 3 + round) % 5) as u64)
+                })
+                .collect();
+            let expected = memory.check_many(&requests).await;
+            let actual = redis.check_many(&requests).await;
+            assert_eq!(actual, expected, "{algorithm}, round {round}");
+            if round % 4 == 3 {
+                for key in &keys {
+                    memory.refund(key, &quota, 3).await.unwrap();
+                    redis.refund(key, &quota, 3).await.unwrap();
+                }
+            }
+            clock.advance(Duration::from_millis(23 * (round as u64 % 7)));
+        }
+    }
+}
+
+/// Values in the text format that earlier builds wrote are read and decided on, so an upgrade
+/// keeps counting: fixed window "hex(window) hex(count)", GCRA hex(u) followed by r in three
+/// hex digits (the tat as (µs, ns below a µs)). Written here with redis-rs directly, then
+/// decided on like the memory store that took the same units; what the store writes back is
+/// that text format again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_in_the_text_format_of_earlier_builds_are_decided_on() {
+    let Some(server) = RedisServer::start("text_format_of_earlier_builds") else {
+        return;
+    };
+    // Not a whole microsecond, so the GCRA pair has a nonzero r.
+    let start = DEFAULT_START + 123_456_789;
+    let clock = ManualClock::new(start);
+    let redis = RedisStore::builder(server.url())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(2))
+        .max_in_flight(1)
+        .connect()
+        .await
+        .unwrap();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let mut conn = server.connection();
+
+    // Fixed window, 10 per second: 4 already counted in the current window.
+    let fixed = Quota::new(10, Duration::from_secs(1))
+        .unwrap()
+        .with_algorithm(Algorithm::FixedWindow)
+        .unwrap();
+    let window = start / 1_000 / 1_000_000;
+    let fixed_key = redis.redis_key("old", Algorithm::FixedWindow);
+    let _: () = redis::cmd("SET")
+        .arg(&fixed_key)
+        .arg(format!("{window:x} {:x}", 4))
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        memory
+            .check(Ask::new("old", &fixed).cost(4))
+            .await
+            .unwrap()
+            .allowed
+    );
+
+    // GCRA, 5 per second (T = 200 ms): the tat two emission intervals ahead of now.
+    let gcra = Quota::per_second(5)
+        .with_algorithm(Algorithm::Gcra)
+        .unwrap();
+    let tat = start + 2 * 200_000_000;
+    let gcra_key = redis.redis_key("old", Algorithm::Gcra);
+    let _: () = redis::cmd("SET")
+        .arg(&gcra_key)
+        .arg(format!("{:x}{:03x}", tat / 1_000, tat % 1_000))
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        memory
+            .check(Ask::new("old", &gcra).cost(2))
+            .await
+            .unwrap()
+            .allowed
+    );
+
+    for round in 0..4 {
+        // Runs of each key in one batch, and a single request.
+        let requests = [
+            Ask::new("old", &fixed),
+            Ask::new("old", &gcra),
+            Ask::new("old", &fixed).cost(2),
+            Ask::new("old", &gcra),
+            Ask::new("old", &fixed),
+        ];
+        let expected = memory.check_many(&requests).await;
+        let actual = redis.check_many(&requests).await;
+        assert_eq!(actual, expected, "round {round}");
+        if round == 0 {
+            // Counting went on from the stored values: 4 + 1, then + 2, then + 1 of 10.
+            let remaining: Vec<u64> = [0, 2, 4]
+                .iter()
+                .map(|&i| actual[i].as_ref().unwrap().remaining)
+                .collect();
+            assert_eq!(remaining, [5, 3, 2]);
+        }
+        // The last round is in the next window.
+        clock.advance(Duration::from_millis(300));
+    }
+    for key in [&fixed_key, &gcra_key] {
+        let value: String = redis::cmd("GET").arg(key).query(&mut conn).unwrap();
+        assert!(
+            !value.is_empty() && value.bytes().all(|b| b.is_ascii_hexdigit() || b == b' '),
+            "{key}: {value:?}"
+        );
+    }
+    let value: String = redis::cmd("GET").arg(&fixed_key).query(&mut conn).unwrap();
+    assert!(
+        value.starts_with(&format!("{:x} ", window + 1)),
+        "{value:?}"
+    );
+}

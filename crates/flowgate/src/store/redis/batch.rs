@@ -98,7 +98,15 @@ async fn dispatch(
     mut jobs: Vec<Job>,
     timeout: Duration,
 ) {
-    jobs.sort_by_key(|j| (j.quota.algorithm() as u8, j.slot));
+    // Within a group, requests for one key become adjacent (the sort is stable, so they keep
+    // their order): a script reads such a run's state once and writes it once.
+    jobs.sort_by(|a, b| {
+        (a.quota.algorithm() as u8, a.slot, &a.key).cmp(&(
+            b.quota.algorithm() as u8,
+            b.slot,
+            &b.key,
+        ))
+    });
     let mut calls = Vec::new();
     while !jobs.is_empty() {
         let (algorithm, slot) = (jobs[0].quota.algorithm(), jobs[0].slot);

@@ -3,53 +3,63 @@
 -- window index is exact.
 -- Quota block (2): limit, period in µs. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, window, count as read; zeros for a new key.
+-- Runs of one key read and write its state once (see the prelude).
 -- Expiry: the end of the window, set when a write starts a window.
 local F = blocks(2)
 local Limit, P = F[1], F[2]
+-- "window count" as two numbers; nil when malformed.
+local function parse(v)
+  local sp = string.find(v, ' ', 1, true)
+  if not sp then return nil end
+  return tonumber(string.sub(v, 1, sp - 1), 16), tonumber(string.sub(v, sp + 1), 16)
+end
+local function store(key, w, c, ttl) store2(key, string.format('%x %x', w, c), ttl) end
+-- The current window of each quota.
+local Now = {}
+for j = 1, quotas do Now[j] = div(now_u, P[j]) end
+
+-- The run's key and its state: `ours` unless it holds a value Flowgate did not write; `live`
+-- when it has a value (read or to be written); `dirty` when the state must be written, with a
+-- new expiry `ttl` or, when nil, the one it has.
+local cur, ours, live, sw, sc, dirty, ttl
 for i = 1, #KEYS do
   local key = KEYS[i]
   local j, cost = request(i, 2)
-  local limit, p = Limit[j], P[j]
-  local status, sw, sc = 0, 0, 0
-  local ok, v = get(key)
-  if not ok then
-    status = -1
-  elseif v then
-    local sp = string.find(v, ' ', 1, true)
-    sw = nil
-    if sp then
-      sw, sc = tonumber(string.sub(v, 1, sp - 1), 16), tonumber(string.sub(v, sp + 1), 16)
-    end
-    if not (sw and sc) then status, sw, sc = -1, 0, 0 end
+  if key ~= cur then
+    if dirty then store(cur, sw, sc, ttl) end
+    cur, dirty, ttl = key, false, nil
+    ours, sw, sc = load2(key, parse)
+    live = sw ~= nil
+    if not live then sw, sc = 0, 0 end
   end
-  if status == 0 then
-    local w = div(now_u, p)
+  local status, rw, rc = 0, sw, sc
+  if not ours then
+    status = -1
+  else
+    local w = Now[j]
     if refund then
       status = 1
       if sw >= w and sc > 0 then
         local c = sc - cost
         if c < 0 then c = 0 end
-        rcall('SET', key, string.format('%x %x', sw, c), 'KEEPTTL')
+        sc, dirty = c, true
       end
     else
       -- A lagging `now` stays in the state's window.
       if sw > w then w = sw end
       local count = 0
       if w == sw then count = sc end
-      if count + cost <= limit then
+      if count + cost <= Limit[j] then
         status = 1
         if cost > 0 then
-          local value = string.format('%x %x', w, count + cost)
-          if v and w == sw then
-            rcall('SET', key, value, 'KEEPTTL')
-          else
-            rcall('SET', key, value, 'PX', ttl_until((w + 1) * p))
-          end
+          if not (live and w == sw) then ttl = ttl_until((w + 1) * P[j]) end
+          live, sw, sc, dirty = true, w, count + cost, true
         end
       end
     end
   end
-  out[n + 1], out[n + 2], out[n + 3] = status, sw, sc
+  out[n + 1], out[n + 2], out[n + 3] = status, rw, rc
   n = n + 3
 end
+if dirty then store(cur, sw, sc, ttl) end
 return out

@@ -1,6 +1,7 @@
 -- GCRA (see algorithm/gcra.rs). State: the theoretical arrival time `tat`.
 -- Quota block (5): T (u, r), τ (u, r), W. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, the tat read (u, r); (0, 0) for a key never seen.
+-- Runs of one key read and write its state once (see the prelude).
 -- Expiry bucket width: W, a power of two ≥ τ (µs), so tat / W is exact. The key must live
 -- until tat.
 local F = blocks(5)
@@ -13,22 +14,29 @@ local function times_t(j, cost)
 end
 local j, cost, cu, cr = 1, uniform, 0, 0
 if uniform then cu, cr = times_t(1, uniform) end
+
+-- The run's key and its state: `ours` unless it holds a value Flowgate did not write; `live`
+-- when it has a value (read or to be written); `dirty` when the state must be written, with a
+-- new expiry `ttl` or, when nil, the one it has.
+local cur, ours, live, su, sr, dirty, ttl
 for i = 1, #KEYS do
   local key = KEYS[i]
   if not uniform then
     j, cost = request(i, 5)
     cu, cr = times_t(j, cost)
   end
-  local tu, tr, w = Tau_u[j], Tau_r[j], W[j]
-  local status, su, sr = 0, 0, 0
-  local ok, v = get(key)
-  if not ok then
-    status = -1
-  elseif v then
-    su, sr = pair(v)
-    if not su or not sr then status, su, sr = -1, 0, 0 end
+  if key ~= cur then
+    if dirty then store2(cur, fmt(su, sr), ttl) end
+    cur, dirty, ttl = key, false, nil
+    ours, su, sr = load2(key, pair)
+    live = su ~= nil
+    if not live then su, sr = 0, 0 end
   end
-  if status == 0 then
+  local tu, tr, w = Tau_u[j], Tau_r[j], W[j]
+  local status, ru, rr = 0, su, sr
+  if not ours then
+    status = -1
+  else
     local nu, nr
     if refund then
       status = 1
@@ -54,14 +62,12 @@ for i = 1, #KEYS do
     end
     if nu then
       local b = floor(nu / w)
-      if v and not refund and b == floor(su / w) then
-        rcall('SET', key, fmt(nu, nr), 'KEEPTTL')
-      else
-        rcall('SET', key, fmt(nu, nr), 'PX', ttl_until((b + 2) * w))
-      end
+      if not (live and not refund and b == floor(su / w)) then ttl = ttl_until((b + 2) * w) end
+      live, su, sr, dirty = true, nu, nr, true
     end
   end
-  out[n + 1], out[n + 2], out[n + 3] = status, su, sr
+  out[n + 1], out[n + 2], out[n + 3] = status, ru, rr
   n = n + 3
 end
+if dirty then store2(cur, fmt(su, sr), ttl) end
 return out

@@ -20,7 +20,9 @@
 //!   power-of-two bucket and keep it otherwise (`SET … KEEPTTL`).
 //! * **Throughput.** Concurrent requests are batched: many decisions share one script call,
 //!   grouped by algorithm and (on a cluster) by slot, pipelined on one multiplexed connection
-//!   per server. See `BENCHMARKS.md` for what that buys over a per-call script.
+//!   per server; within a call, the requests for one key are adjacent, and the fixed window
+//!   and GCRA scripts read and write such a key once for all of them. See `BENCHMARKS.md` for
+//!   what that buys over a per-call script.
 //! * **Failures** are [`StoreError`]s: [`Timeout`](StoreError::Timeout) after the per-call
 //!   timeout (a request that timed out may still be counted when its batch reaches Redis:
 //!   a timeout can make the store admit less, never more), [`Unavailable`](StoreError::Unavailable) when Redis cannot be reached (both
@@ -207,7 +209,7 @@ impl RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             clock: None,
             max_batch: 256,
-            max_in_flight: 2,
+            max_in_flight: 1,
         }
     }
 
@@ -260,8 +262,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Most batches waiting for Redis at once (default 2): while they are out, new requests
-    /// gather into the next batch. 1 batches most; more lowers latency on a fast network.
+    /// Most batches waiting for Redis at once (default 1): while they are out, new requests
+    /// gather into the next batch. 1 batches most, and so costs Redis least per decision (with
+    /// 2, the service's decisions took 1.1–1.8× the Redis CPU: BENCHMARKS.md); more lowers
+    /// latency on a fast network.
     pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.max_in_flight = max_in_flight.max(1);
         self

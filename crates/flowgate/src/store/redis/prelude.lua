@@ -92,3 +92,31 @@ local function get(key)
   if ok then return true, v end
   return false, nil
 end
+
+-- Runs: the client sorts a batch by key (keeping the order of a key's requests), so requests
+-- for one key are adjacent. A script reads a run's state once (`load2`), carries it from
+-- request to request exactly as a GET would have returned it, and writes it once at the end
+-- of the run (`store2`): N decisions on a hot key cost one GET and at most one SET. The final
+-- write sets the expiry of the run's last write that set one (`ttl`, ms), else keeps it.
+-- (Correct in any order: a key met again after its run was written is read again.)
+
+-- The state at `key`, two numbers parsed from its text by `parse` (nil when malformed):
+-- (true, a, b); (true) for a missing key; (false) for a value Flowgate did not write (not a
+-- string, or text `parse` rejects).
+local function load2(key, parse)
+  local ok, v = get(key)
+  if not ok then return false end
+  if not v then return true end
+  local a, b = parse(v)
+  if a and b then return true, a, b end
+  return false
+end
+
+-- Writes `value` (text) at `key`, with an expiry `ttl` (ms) or, when nil, the one it has.
+local function store2(key, value, ttl)
+  if ttl then
+    rcall('SET', key, value, 'PX', ttl)
+  else
+    rcall('SET', key, value, 'KEEPTTL')
+  end
+end
