@@ -34,6 +34,11 @@ impl std::fmt::Debug for Connection {
     }
 }
 
+/// The least time a connection attempt is given, whatever the call timeout: a TLS handshake
+/// takes round trips of its own (to a managed Redis in another zone, tens of milliseconds),
+/// and reconnecting happens beside the calls, which the store bounds by its timeout anyway.
+pub(super) const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone)]
 pub(super) struct Target {
@@ -86,9 +91,11 @@ impl TlsFiles {
 }
 
 impl Connection {
-    /// Connects (for a single server, retrying for up to about `timeout`).
+    /// Connects (for a single server, retrying a few times). Each connection attempt gets
+    /// `timeout`, but at least [`MIN_CONNECT_TIMEOUT`].
     pub(super) async fn connect(target: &Target) -> Result<Self, StoreError> {
         let timeout = target.timeout;
+        let connect_timeout = timeout.max(MIN_CONNECT_TIMEOUT);
         if target.cluster {
             let builder = ClusterClient::builder(target.urls.iter().map(String::as_str));
             #[cfg(feature = "redis-tls")]
@@ -97,7 +104,7 @@ impl Connection {
                 None => builder,
             };
             let client = builder
-                .connection_timeout(timeout)
+                .connection_timeout(connect_timeout)
                 .response_timeout(timeout)
                 .retries(3)
                 .min_retry_wait(5)
@@ -122,7 +129,7 @@ impl Connection {
         // Reconnect quickly after an outage: the circuit breaker, not the connection, decides
         // how often a dead server is tried.
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
+            .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(timeout))
             .set_min_delay(Duration::from_millis(5))
             .set_max_delay(Duration::from_millis(100))

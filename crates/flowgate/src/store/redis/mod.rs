@@ -221,7 +221,8 @@ impl RedisStoreBuilder {
     }
 
     /// Longest a call may take, waiting for a batch included (default [`DEFAULT_TIMEOUT`]).
-    /// Also bounds each connection attempt.
+    /// Also each connection attempt's bound, but never less than 1 s (a TLS handshake to a
+    /// distant Redis needs round trips of its own; reconnecting does not hold up calls).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.target.timeout = timeout;
         self
