@@ -12,11 +12,13 @@
 //! * [`dashboard`]: the live page at `/dashboard`;
 //! * [`server`]: `run(config, listeners, shutdown)`;
 //! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`;
+//! * [`coalesce`]: HTTP/2 write coalescing (the gRPC server and `loadgen`'s client);
 //! * `fuzzing` (feature `fuzzing`): the entry points of the fuzz targets under `fuzz/`.
 
 pub mod api;
 pub mod backend;
 pub mod cli;
+pub mod coalesce;
 pub mod config;
 pub mod dashboard;
 #[cfg(feature = "fuzzing")]

@@ -208,8 +208,7 @@ pub async fn run(
         // HTTP/2's client preface: 24 bytes, all due within the header read timeout.
         let acceptor = Acceptor::new(listener, limits, service.metrics().listener("grpc"))
             .with_tls(tls_for(TlsListener::Grpc))
-            .with_opening_bytes(24)
-            .with_write_coalescing(true);
+            .with_opening_bytes(24);
         if noop {
             tasks.spawn(api::grpc::serve(
                 acceptor,

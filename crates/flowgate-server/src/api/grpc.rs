@@ -99,8 +99,9 @@ where
     http.timer(TokioTimer::new())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     crate::listen::serve_connections(listener, "grpc", shutdown, grace, |stream, _| {
+        // Responses of streams that finish together leave in one write (crate::coalesce).
         http.serve_connection(
-            TokioIo::new(stream),
+            TokioIo::new(crate::coalesce::Coalesced::new(stream)),
             TowerToHyperService::new(service.clone()),
         )
     })

@@ -102,9 +102,6 @@ pub struct Acceptor {
     tls: Option<TlsAcceptor>,
     /// How many bytes a client must send within the header read timeout.
     opening_bytes: usize,
-    /// Whether connections yield once before each burst of writes (see
-    /// [`Acceptor::with_write_coalescing`]).
-    coalesce: bool,
 }
 
 impl std::fmt::Debug for Acceptor {
@@ -127,18 +124,7 @@ impl Acceptor {
             metrics,
             tls: None,
             opening_bytes: 1,
-            coalesce: false,
         }
-    }
-
-    /// Lets each connection yield to the runtime once before it writes a burst (the first
-    /// write after a flush), so that the responses of other streams that are ready meanwhile
-    /// go out in the same system call and TCP segment. For HTTP/2 (gRPC), where every
-    /// response is written by the connection's task as soon as one stream's handler wakes it:
-    /// without it, each response is a write and a segment of its own.
-    pub fn with_write_coalescing(mut self, on: bool) -> Self {
-        self.coalesce = on;
-        self
     }
 
     /// Requires the first `bytes` bytes of every connection (HTTP/2's 24-byte preface, say)
@@ -200,8 +186,7 @@ impl Acceptor {
                 Limited {
                     io,
                     first_byte: Some(first_byte),
-                    coalesce: self.coalesce,
-                    yielded: false,
+
                     _slot: Slot {
                         _permit: slot,
                         open: self.metrics.open.clone(),
@@ -275,10 +260,7 @@ pub struct Limited {
     /// client that connects and sends nothing, or trickles its opening — slowloris — on every
     /// listener, HTTP/2 included).
     first_byte: Option<FirstByte>,
-    /// Yield once before the first write after a flush.
-    coalesce: bool,
-    /// Whether this burst has yielded already.
-    yielded: bool,
+
     /// Released when the connection is dropped.
     _slot: Slot,
 }
@@ -368,19 +350,6 @@ impl Limited {
     }
 }
 
-impl Limited {
-    /// With write coalescing: `Pending` (after waking itself) at the first write of a burst,
-    /// so that whatever else is ready runs first; `Ready` otherwise.
-    fn poll_coalesce(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.coalesce || self.yielded {
-            return Poll::Ready(());
-        }
-        self.yielded = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
-}
-
 impl AsyncRead for Limited {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -424,13 +393,11 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        ready!(self.poll_coalesce(cx));
         let stream = ready!(self.poll_ready(cx))?;
         Pin::new(stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.yielded = false;
         match &mut self.io {
             Io::Ready(stream) => Pin::new(stream).poll_flush(cx),
             // Nothing was written before the handshake.
@@ -451,7 +418,6 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        ready!(self.poll_coalesce(cx));
         let stream = ready!(self.poll_ready(cx))?;
         Pin::new(stream).poll_write_vectored(cx, bufs)
     }
@@ -497,46 +463,5 @@ mod tests {
         assert_eq!(peer, third.local_addr().unwrap());
         assert_eq!(acceptor.metrics().refused.get(), 1);
         assert_eq!(acceptor.metrics().open.get(), 1);
-    }
-
-    #[tokio::test]
-    async fn write_coalescing_yields_once_before_each_burst() {
-        use std::task::Waker;
-        use tokio::io::AsyncReadExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let acceptor = Acceptor::new(
-            listener,
-            ListenLimits::default(),
-            ListenerMetrics::default(),
-        )
-        .with_write_coalescing(true);
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        let (mut conn, _) = acceptor.accept().await.unwrap();
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut conn = Pin::new(&mut conn);
-        // The first write of a burst yields; the rest of the burst goes through.
-        assert!(conn.as_mut().poll_write(&mut cx, b"ab").is_pending());
-        assert!(matches!(
-            conn.as_mut().poll_write(&mut cx, b"ab"),
-            Poll::Ready(Ok(2))
-        ));
-        assert!(matches!(
-            conn.as_mut().poll_write(&mut cx, b"cd"),
-            Poll::Ready(Ok(2))
-        ));
-        assert!(matches!(
-            conn.as_mut().poll_flush(&mut cx),
-            Poll::Ready(Ok(()))
-        ));
-        // After a flush, the next burst yields again.
-        assert!(conn.as_mut().poll_write(&mut cx, b"ef").is_pending());
-        assert!(matches!(
-            conn.as_mut().poll_write(&mut cx, b"ef"),
-            Poll::Ready(Ok(2))
-        ));
-        let mut got = [0u8; 6];
-        client.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"abcdef");
     }
 }

@@ -140,7 +140,7 @@ impl Target {
             let (sender, connection) = h2::client::Builder::new()
                 .initial_window_size(1 << 20)
                 .initial_connection_window_size(1 << 24)
-                .handshake::<_, Bytes>(tcp)
+                .handshake::<_, Bytes>(crate::coalesce::Coalesced::new(tcp))
                 .await
                 .map_err(|e| cannot(&e))?;
             tokio::task::spawn_local(async move {
