@@ -337,3 +337,45 @@ async fn the_http_and_grpc_apis_close_slow_and_silent_clients_and_refuse_oversiz
     assert_eq!(server.get("/healthz").await.status, 200);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_websocket_gateway_closes_a_slow_upgrade_request() {
+    let timeout = Duration::from_millis(300);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chat.yaml");
+    // The upstream is never reached: the upgrade request never completes.
+    std::fs::write(
+        &path,
+        "domain: chat\nwebsocket:\n  upstream: ws://127.0.0.1:9\n  limits:\n    messages: {limit: 10, per: 1s}\n",
+    )
+    .unwrap();
+    let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
+    config.listen = ListenLimits {
+        header_read_timeout: timeout,
+        ..ListenLimits::default()
+    };
+    let server = TestServer::start_with(config, dir, vec![path]).await;
+    let mut slow = TcpStream::connect(server.websocket.unwrap()).await.unwrap();
+    slow.write_all(b"GET /chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let answer = until_closed(&mut slow).await;
+    // The server's clock starts at accept, a moment before the test's.
+    assert!(
+        started.elapsed() >= timeout.mul_f64(0.8),
+        "closed before the timeout"
+    );
+    assert!(
+        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    wait_metric(
+        &server,
+        "flowgate_listener_timeouts_total{listener=\"websocket\"}",
+        1.0,
+    )
+    .await;
+    server.stop().await;
+}
