@@ -186,7 +186,6 @@ impl Acceptor {
                 Limited {
                     io,
                     first_byte: Some(first_byte),
-
                     _slot: Slot {
                         _permit: slot,
                         open: self.metrics.open.clone(),
@@ -260,7 +259,6 @@ pub struct Limited {
     /// client that connects and sends nothing, or trickles its opening — slowloris — on every
     /// listener, HTTP/2 included).
     first_byte: Option<FirstByte>,
-
     /// Released when the connection is dropped.
     _slot: Slot,
 }
@@ -285,7 +283,8 @@ enum Io {
         /// The handshake (boxed: rustls's connection state is large, and plain connections
         /// should not carry its size).
         accept: Box<tokio_rustls::Accept<TcpStream>>,
-        /// When it is given up.
+        /// When it is given up (checked on writes too: an HTTP/2 server writes its settings
+        /// first, before it reads).
         deadline: Pin<Box<tokio::time::Sleep>>,
         /// Counts a failure.
         failures: Counter,
