@@ -230,7 +230,9 @@ impl RedisStoreBuilder {
 
     /// Takes time from `clock` (sent with each script call) instead of the Redis server's
     /// `TIME`. For tests and replays; in production, the server's clock keeps every instance
-    /// on one time line.
+    /// on one time line. The scripts count whole microseconds in Lua's doubles: instants, and
+    /// an instant plus a quota's period, must stay below 2^53 µs since the epoch (the year
+    /// 2255) for decisions to match the memory store's to the nanosecond.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
