@@ -26,6 +26,26 @@ async fn gateway(upstream: &Upstream, limits: ListenLimits) -> TestServer {
     TestServer::start_with(config, dir, vec![path]).await
 }
 
+/// Sends `head` (part of a request head) to `addr`, then nothing: the server must close the
+/// connection once `timeout` has passed (not before), answering `408` or nothing.
+async fn slow_head_is_closed(addr: std::net::SocketAddr, head: &[u8], timeout: Duration) {
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(head).await.unwrap();
+    let started = Instant::now();
+    let answer = until_closed(&mut slow).await;
+    // The server's clock starts at accept, a moment before the test's.
+    assert!(
+        started.elapsed() >= timeout.mul_f64(0.8),
+        "closed before the timeout"
+    );
+    // hyper answers 408 when it gives up on a head.
+    assert!(
+        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_flood_beyond_the_cap_is_refused_at_once_and_counted() {
     let upstream = Upstream::start().await;
@@ -102,23 +122,7 @@ async fn slow_request_heads_and_idle_keep_alive_are_closed_after_the_header_read
     let addr = server.gateway.unwrap();
 
     // Slowloris: half a head, then nothing.
-    let mut slow = TcpStream::connect(addr).await.unwrap();
-    slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .unwrap();
-    let started = Instant::now();
-    let answer = until_closed(&mut slow).await;
-    // The server's clock starts at accept, a moment before the test's.
-    assert!(
-        started.elapsed() >= timeout.mul_f64(0.8),
-        "closed before the timeout"
-    );
-    // hyper answers 408 when it gives up on a head.
-    assert!(
-        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    slow_head_is_closed(addr, b"GET / HTTP/1.1\r\nHost: x\r\n", timeout).await;
 
     // Idle keep-alive: one request answered, then silence closes the connection.
     let mut idle = TcpStream::connect(addr).await.unwrap();
@@ -249,22 +253,12 @@ async fn the_http_and_grpc_apis_close_slow_and_silent_clients_and_refuse_oversiz
     let server = TestServer::start_with(config, dir, vec![path]).await;
 
     // HTTP API, slowloris: half a head, then nothing — closed after the timeout.
-    let mut slow = TcpStream::connect(server.http).await.unwrap();
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .unwrap();
-    let started = Instant::now();
-    let answer = until_closed(&mut slow).await;
-    // The server's clock starts at accept, a moment before the test's.
-    assert!(
-        started.elapsed() >= timeout.mul_f64(0.8),
-        "closed before the timeout"
-    );
-    assert!(
-        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    slow_head_is_closed(
+        server.http,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n",
+        timeout,
+    )
+    .await;
 
     // HTTP API, a head over the limit: 431.
     let mut big = TcpStream::connect(server.http).await.unwrap();
@@ -355,22 +349,12 @@ async fn the_websocket_gateway_closes_a_slow_upgrade_request() {
         ..ListenLimits::default()
     };
     let server = TestServer::start_with(config, dir, vec![path]).await;
-    let mut slow = TcpStream::connect(server.websocket.unwrap()).await.unwrap();
-    slow.write_all(b"GET /chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n")
-        .await
-        .unwrap();
-    let started = Instant::now();
-    let answer = until_closed(&mut slow).await;
-    // The server's clock starts at accept, a moment before the test's.
-    assert!(
-        started.elapsed() >= timeout.mul_f64(0.8),
-        "closed before the timeout"
-    );
-    assert!(
-        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    slow_head_is_closed(
+        server.websocket.unwrap(),
+        b"GET /chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",
+        timeout,
+    )
+    .await;
     wait_metric(
         &server,
         "flowgate_listener_timeouts_total{listener=\"websocket\"}",
