@@ -198,11 +198,6 @@ impl ServerCertificate {
         Ok(CertificateReload::Replaced)
     }
 
-    /// The leaf certificate presented now (DER).
-    pub fn leaf(&self) -> Option<CertificateDer<'static>> {
-        self.current.load().cert.first().cloned()
-    }
-
     /// An acceptor presenting this certificate (as it is at each handshake), offering the
     /// application protocols `alpn` (e.g. `[b"h2"]`).
     pub fn acceptor(self: &Arc<Self>, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
