@@ -21,6 +21,9 @@
 #   half     the same, but half of the requests (a seeded draw) ask for hits_addend 10^9, the
 #            whole limit: every value has been hit before (warm-up), so those are denied by the
 #            counter (not by an error) and consume nothing; the other half are allowed.
+#   paced    `allowed` open-loop at a fixed offered rate (`loadgen --rate $RATE`, default
+#            40,000/s, below what either server answers on one core): latencies at the same
+#            load (measured from each request's scheduled send time, so queueing counts).
 #   h2load   `h2load -c 8 -m 16` posting one prebuilt ShouldRateLimit request (value `k0`,
 #            hits_addend 1): nothing denied. h2load cannot read gRPC trailers, so the script
 #            checks once, through each server's metrics, that such a request is counted.
@@ -37,7 +40,8 @@
 # Environment: LIMITADOR (required when a limitador server is selected), FLOWGATE (default
 # target/release/flowgate; also the load generator unless LOADGEN is set), H2LOAD (h2load),
 # DURATION (seconds per run, 10), ROUNDS (3), SERVERS ("flowgate limitador limitador-h"),
-# SCENARIOS ("allowed half h2load"), CONCURRENCY (64), KEYS (1000), SERVER_CPU (0),
+# SCENARIOS ("allowed half h2load"; also "paced"), RATE (40000, for paced), CONCURRENCY (64),
+# KEYS (1000), SERVER_CPU (0),
 # LOAD_CPU (1), PORT_BASE (19100), OUT (directory for raw results; default a new temporary one,
 # kept), EXTRA_LOADGEN (more flags for every loadgen run, e.g. "--connections 8"), FLOWGATES
 # (more Flowgate binaries, "TAG=/path …"; add flowgate-TAG to SERVERS).
@@ -51,6 +55,7 @@ ROUNDS=${ROUNDS:-3}
 SERVERS=${SERVERS:-"flowgate limitador limitador-h"}
 SCENARIOS=${SCENARIOS:-"allowed half h2load"}
 CONCURRENCY=${CONCURRENCY:-64}
+RATE=${RATE:-40000}
 KEYS=${KEYS:-1000}
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
@@ -79,7 +84,7 @@ for s in $SERVERS; do
 done
 for s in $SCENARIOS; do
   case $s in
-    allowed | half) ;;
+    allowed | half | paced) ;;
     h2load) command -v "$H2LOAD" >/dev/null || die "h2load is missing (apt-get install nghttp2-client)" ;;
     *) die "unknown scenario $s" ;;
   esac
@@ -267,9 +272,10 @@ for round in $(seq "$ROUNDS"); do
       load_before=$(cut -d' ' -f1-3 /proc/loadavg)
       t0=$(ticks "${PID[$s]}")
       case $scenario in
-        allowed | half)
+        allowed | half | paced)
           flags=(--duration "${DURATION}s" --seed "$round")
           [[ $scenario == half ]] && flags+=(--heavy-share 0.5 --heavy-hits "$LIMIT")
+          [[ $scenario == paced ]] && flags+=(--rate "$RATE")
           /usr/bin/time -f '%U %S %e' -o "$base.time" \
             "${lg[@]}" --target "grpc://127.0.0.1:${GRPC[$s]}" "${flags[@]}" >"$base.json"
           ;;
@@ -360,6 +366,13 @@ for sc in scenarios:
         st = table.get((sc, sv))
         if st:
             print(f"  {sc:<8} generator headroom against {sv:<12} {st['us'] / st['gen']:.2f}x")
+    # The generator's cost per request is lowest when it is busiest (its reads and writes carry
+    # more requests each): against the no-op server, the fastest target, it shows what one
+    # generator core can drive; compared with Flowgate's server cost in the same scenario.
+    fg, noop = table.get((sc, "flowgate")), table.get((sc, "noop"))
+    if fg and noop:
+        print(f"  {sc:<8} generator headroom, Flowgate's server us/decision ÷ the generator's us/request against noop "
+              f"({noop['gen']:.2f} us at {noop['rate']:,.0f}/s): {fg['us'] / noop['gen']:.2f}x")
 loads = [float(x) for st in table.values() for x in st["loads"]]
 print(f"\n/proc/loadavg (1 min) over the runs: {min(loads):.2f}–{max(loads):.2f}; raw runs in {path}")
 PY
