@@ -114,7 +114,7 @@ impl Backend {
             None => &*self.store,
         };
         matches!(
-            tokio::time::timeout(timeout, store.peek("flowgate:readyz", &quota)).await,
+            tokio::time::timeout(timeout, store.peek(Ask::new("flowgate:readyz", &quota))).await,
             Ok(Ok(_))
         )
     }

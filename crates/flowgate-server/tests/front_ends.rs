@@ -41,10 +41,10 @@ impl Store for Scripted {
             .pop_front()
             .expect("the script has an answer for every request")
     }
-    async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+    async fn refund(&self, _: Ask<'_>) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+    async fn reset(&self, _: Ask<'_>) -> Result<(), StoreError> {
         Ok(())
     }
 }
@@ -56,10 +56,10 @@ impl Store for Down {
     async fn check(&self, _: Ask<'_>) -> Result<Decision, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
-    async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+    async fn refund(&self, _: Ask<'_>) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+    async fn reset(&self, _: Ask<'_>) -> Result<(), StoreError> {
         Ok(())
     }
 }

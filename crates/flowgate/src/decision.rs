@@ -29,8 +29,7 @@ use crate::quota::Quota;
 pub struct Decision {
     /// Whether the units were granted.
     pub allowed: bool,
-    /// The quota's limit (units per period), for `RateLimit-Policy`'s `q`. 0 for a limit that
-    /// denies everything (a blocklist).
+    /// The quota's limit (units per period), for `RateLimit-Policy`'s `q`.
     pub limit: u64,
     /// The quota's capacity: the most units that can be taken at once, and so the most
     /// `remaining` can ever be. Equals `limit` for the window algorithms.
@@ -81,9 +80,10 @@ impl Decision {
         }
     }
 
-    /// A denial for a limit that allows nothing (`requests_per_unit: 0`, a blocklist): nothing
-    /// is left, and the request may try again after `period`.
-    pub fn blocked(period: Duration) -> Self {
+    /// What the renderer reports for a blocklist (zero units per `period`): nothing is left,
+    /// and the request may try again after `period`.
+    #[cfg(feature = "answer")]
+    pub(crate) fn blocked(period: Duration) -> Self {
         Decision {
             allowed: false,
             limit: 0,

@@ -15,8 +15,11 @@
 //!   on a simulated clock, to see how they differ before choosing.
 //! * **Top keys** ([`top`]): the most limited keys of an unbounded stream in fixed memory
 //!   (Space-Saving), cheap to feed from many threads.
-//! * **Several limits per request** ([`limits`]): all must allow; nothing is consumed when one
-//!   denies.
+//! * **The request pipeline** ([`pipeline`]): a request against every limit it falls under —
+//!   all must allow, nothing is consumed when one denies — decided at once where the store
+//!   allows; every front end (tower layer, gateway, service APIs, WebSocket) goes through it.
+//! * **Answers** (`answer`, feature `answer`): the one renderer of decisions into the IETF
+//!   `RateLimit` fields, `Retry-After`, problem+json bodies and gRPC statuses.
 //! * **Envoy's rate-limit model** (`envoy`, feature `envoy`): envoyproxy/ratelimit's domains,
 //!   descriptors and rule trees.
 //! * **WebSocket** (`ws`, feature `ws`): limits per connection, IP, user, room, slowmode and
@@ -50,15 +53,19 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
+#[cfg(feature = "answer")]
+#[cfg_attr(docsrs, doc(cfg(feature = "answer")))]
+pub mod answer;
 pub mod clock;
 pub mod decision;
 #[cfg(feature = "envoy")]
 pub mod envoy;
 #[cfg(feature = "tower")]
 pub mod http;
-pub mod limits;
 pub mod local;
+pub mod pipeline;
 pub mod quota;
+mod scratch;
 pub mod simulate;
 pub mod store;
 pub mod top;

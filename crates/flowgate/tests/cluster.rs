@@ -164,7 +164,7 @@ async fn slot_migration_and_failover_do_not_break_the_store() {
     assert_eq!(cluster.master_of(&redis_key), to);
     // The count moved with the key: every grant is in it.
     // (A call that failed transiently may still have counted.)
-    let counted = 100_000 - store.peek(key, &quota).await.unwrap().remaining;
+    let counted = 100_000 - store.peek(Ask::new(key, &quota)).await.unwrap().remaining;
     assert!(
         counted > granted && counted <= granted + 1 + transient,
         "counted {counted}, granted {granted}, transient errors {transient}"

@@ -85,12 +85,13 @@ impl Store for KeyedLimiters {
             .limiter(ask.key, ask.quota)
             .check_key_n(ask.key, ask.cost)?)
     }
-    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
-        self.limiter(key, quota).refund_key(key, units);
+    async fn refund(&self, ask: Ask<'_>) -> Result<(), StoreError> {
+        self.limiter(ask.key, ask.quota)
+            .refund_key(ask.key, ask.cost);
         Ok(())
     }
-    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
-        self.limiter(key, quota).reset_key(key);
+    async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
+        self.limiter(ask.key, ask.quota).reset_key(ask.key);
         Ok(())
     }
 }

@@ -28,12 +28,12 @@ impl Store for OnePollLate {
         tokio::task::yield_now().await;
         self.0.check(ask).await
     }
-    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+    async fn refund(&self, ask: Ask<'_>) -> Result<(), StoreError> {
         tokio::task::yield_now().await;
-        self.0.refund(key, quota, units).await
+        self.0.refund(ask).await
     }
-    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
-        self.0.reset(key, quota).await
+    async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
+        self.0.reset(ask).await
     }
 }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use axum::{Router, routing::get};
 use bytes::Bytes;
+use flowgate::answer::problem::QUOTA_EXCEEDED;
 use flowgate::clock::ManualClock;
 use flowgate::http::key::{ClientIp, Header, Jwt, PeerAddr, PeerIp, Route};
-use flowgate::http::problem::QUOTA_EXCEEDED;
 use flowgate::http::{Limit, Limits, RateLimitLayer};
 use flowgate::store::{Ask, DynStore, FallbackStore, MemoryStore, Store, StoreError};
 use flowgate::{Decision, FailMode, Quota};
@@ -145,7 +145,7 @@ async fn headers_match_the_decision_and_retry_after_is_never_zero() {
     for _ in 0..3 {
         let reply = send(&client, addr, "/", &[]).await;
         assert_eq!(reply.status, 200);
-        let decision = store.peek(key, &quota).await.unwrap();
+        let decision = store.peek(Ask::new(key, &quota)).await.unwrap();
         let policy = items(&reply.headers, "ratelimit-policy");
         assert_eq!(policy.len(), 1);
         assert_eq!(policy[0].0, "per-ip");
@@ -213,7 +213,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     }
     assert_eq!(
         store
-            .peek("per-client::127.0.0.1", &quota)
+            .peek(Ask::new("per-client::127.0.0.1", &quota))
             .await
             .unwrap()
             .remaining,
@@ -221,7 +221,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     );
     assert_eq!(
         store
-            .peek("per-client::203.0.113.1", &quota)
+            .peek(Ask::new("per-client::203.0.113.1", &quota))
             .await
             .unwrap()
             .remaining,
@@ -239,7 +239,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     }
     assert_eq!(
         store
-            .peek("per-client::6.6.6.6", &quota)
+            .peek(Ask::new("per-client::6.6.6.6", &quota))
             .await
             .unwrap()
             .remaining,
@@ -249,7 +249,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     assert_eq!(send(&proxy, addr, "/", &[]).await.status, 200);
     assert_eq!(
         store
-            .peek("per-client::127.0.0.2", &quota)
+            .peek(Ask::new("per-client::127.0.0.2", &quota))
             .await
             .unwrap()
             .remaining,
@@ -359,7 +359,7 @@ async fn multi_limit_requests_refund_on_partial_deny() {
     // The four denied logins took nothing from the per-IP and per-key limits.
     let peek = |k: &'static str, q: Quota| {
         let store = store.clone();
-        async move { store.peek(k, &q).await.unwrap().remaining }
+        async move { store.peek(Ask::new(k, &q)).await.unwrap().remaining }
     };
     assert_eq!(peek("per-ip::127.0.0.1", per_ip).await, 98);
     assert_eq!(peek("per-key::k1", api_key).await, 48);
@@ -416,10 +416,10 @@ impl Store for UnreachableStore {
             })
             .collect()
     }
-    async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+    async fn refund(&self, _: Ask<'_>) -> Result<(), StoreError> {
         self.connect().await.map(|_| ())
     }
-    async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+    async fn reset(&self, _: Ask<'_>) -> Result<(), StoreError> {
         self.connect().await.map(|_| ())
     }
 }

@@ -81,7 +81,11 @@ async fn three_instances_at_five_times_the_limit_stay_within_the_bound() {
         assert!(admitted >= LIMIT, "{algorithm}: under-admitted: {admitted}");
         assert!(admitted <= bound, "{algorithm}: {admitted} > bound {bound}");
         // Redis holds the whole limit as used.
-        let left = instances[0].inner().peek("shared", &quota).await.unwrap();
+        let left = instances[0]
+            .inner()
+            .peek(Ask::new("shared", &quota))
+            .await
+            .unwrap();
         assert_eq!(left.remaining, 0, "{algorithm}");
     }
 }

@@ -180,12 +180,12 @@ fn redis_store_matches_the_memory_store_on_random_traces() {
                         );
                     }
                     Op::Refund { units } => {
-                        memory.refund(&key, &quota, units).await.unwrap();
-                        redis.refund(&key, &quota, units).await.unwrap();
+                        memory.refund(Ask::new(&key, &quota).cost(units)).await.unwrap();
+                        redis.refund(Ask::new(&key, &quota).cost(units)).await.unwrap();
                     }
                     Op::Reset => {
-                        memory.reset(&key, &quota).await.unwrap();
-                        redis.reset(&key, &quota).await.unwrap();
+                        memory.reset(Ask::new(&key, &quota)).await.unwrap();
+                        redis.reset(Ask::new(&key, &quota)).await.unwrap();
                     }
                 }
             }
@@ -287,7 +287,7 @@ async fn keys_expire_when_idle_and_live_in_one_slot_per_limit() {
             _ => 180_002,
         };
         assert!(ttl > 0 && ttl <= most, "{algorithm}: PTTL {ttl}");
-        store.reset("user:7", &quota).await.unwrap();
+        store.reset(Ask::new("user:7", &quota)).await.unwrap();
         let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
         assert_eq!(exists, 0);
     }
@@ -374,8 +374,11 @@ async fn a_flushed_script_cache_is_refilled() {
         store.check(Ask::new("k", &quota)).await.unwrap().remaining,
         8
     );
-    store.refund("k", &quota, 2).await.unwrap();
-    assert_eq!(store.peek("k", &quota).await.unwrap().remaining, 10);
+    store.refund(Ask::new("k", &quota).cost(2)).await.unwrap();
+    assert_eq!(
+        store.peek(Ask::new("k", &quota)).await.unwrap().remaining,
+        10
+    );
 }
 
 /// The sliding window compares `previous × (period − elapsed)` with `room × period`: products
@@ -510,8 +513,8 @@ async fn runs_of_one_key_in_a_batch_decide_like_the_memory_store() {
             assert_eq!(actual, expected, "{algorithm}, round {round}");
             if round % 4 == 3 {
                 for key in &keys {
-                    memory.refund(key, &quota, 3).await.unwrap();
-                    redis.refund(key, &quota, 3).await.unwrap();
+                    memory.refund(Ask::new(key, &quota).cost(3)).await.unwrap();
+                    redis.refund(Ask::new(key, &quota).cost(3)).await.unwrap();
                 }
             }
             clock.advance(Duration::from_millis(23 * (round as u64 % 7)));

@@ -480,7 +480,7 @@ fn invalid_settings_are_refused() {
 #[cfg(feature = "tower")]
 #[test]
 fn refusals_render_as_429_with_retry_after_and_the_rate_limit_fields_when_counted() {
-    use flowgate::http::headers::policy_item_value;
+    use flowgate::answer::headers::policy_item_value;
     let clock = ManualClock::new(START);
     let quota = Quota::new(2, Duration::from_secs(60)).unwrap();
     let limiter = WsLimiter::builder()
@@ -494,7 +494,10 @@ fn refusals_render_as_429_with_retry_after_and_the_rate_limit_fields_when_counte
     let _b = limiter.admit(Client::new("ip")).unwrap();
     let refusal = limiter.admit(Client::new("ip")).unwrap_err();
     assert_eq!(refusal.scope, Scope::Connect);
-    let response = refusal.answer("ws_connect", &item).refusal(false).unwrap();
+    let response = match refusal.answer("ws_connect", &item).render(false) {
+        flowgate::answer::Rendered::Refuse(response) => response,
+        flowgate::answer::Rendered::Pass(_) => panic!("a refusal must refuse"),
+    };
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["retry-after"], "30");
     assert_eq!(
@@ -508,7 +511,10 @@ fn refusals_render_as_429_with_retry_after_and_the_rate_limit_fields_when_counte
     let _held = capped.admit(Client::new("ip")).unwrap();
     let refusal = capped.admit(Client::new("ip")).unwrap_err();
     assert_eq!(refusal.scope, Scope::ConcurrentIp);
-    let response = refusal.answer("ws_connect", &item).refusal(false).unwrap();
+    let response = match refusal.answer("ws_connect", &item).render(false) {
+        flowgate::answer::Rendered::Refuse(response) => response,
+        flowgate::answer::Rendered::Pass(_) => panic!("a refusal must refuse"),
+    };
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["retry-after"], "1");
     assert!(response.headers().get("ratelimit").is_none());

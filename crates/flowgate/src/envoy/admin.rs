@@ -33,7 +33,7 @@ use super::key::write_key;
 use super::rules::{Rate, Rule};
 use super::ruleset::RuleSet;
 use crate::decision::Decision;
-use crate::store::{Store, StoreError};
+use crate::store::{Ask, Store, StoreError};
 
 /// What a descriptor's counter is, as [`inspect`] and [`reset`] find it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub async fn inspect<'r, S: Store + ?Sized>(
             .find(domain, entries)
             .map_or(Lookup::NoRule, Lookup::NotCounted));
     };
-    let decision = store.peek(&key, &quota).await?;
+    let decision = store.peek(Ask::new(&key, &quota)).await?;
     Ok(Lookup::Counter(CounterState {
         rule,
         key,
@@ -89,7 +89,7 @@ pub async fn reset<'r, S: Store + ?Sized>(
     let Some((_, key, quota)) = counter(rules, domain, entries) else {
         return inspect(rules, store, domain, entries).await;
     };
-    store.reset(&key, &quota).await?;
+    store.reset(Ask::new(&key, &quota)).await?;
     inspect(rules, store, domain, entries).await
 }
 

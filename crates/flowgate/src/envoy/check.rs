@@ -1,18 +1,21 @@
-//! [`check`]: a request's descriptors against a [`RuleSet`], counted in a store, and the
-//! answer ([`Verdict`]).
+//! [`check`]: a request's descriptors against a [`RuleSet`], counted in a store through the
+//! [`pipeline`](crate::pipeline), and the answer ([`Verdict`]).
+
+use std::time::Duration;
 
 use super::descriptor::Descriptor;
-use super::key::{KEY_SCRATCH, write_key};
-use super::resolve::{AppliedLimit, resolve};
+use super::key::write_key;
+use super::resolve::{AppliedLimit, Resolved, resolve};
 use super::rules::{Rate, quota_suffix};
 use super::ruleset::RuleSet;
 use crate::decision::Decision;
-use crate::limits::check_all;
+use crate::pipeline::{self, Results};
 use crate::quota::Quota;
 use crate::store::{Ask, Store, StoreError};
 
 /// What happened to one descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// No limit applies: no rule matched, or the domain is unknown.
     Unmatched,
@@ -20,11 +23,16 @@ pub enum Status {
     Replaced,
     /// The matched rule is `unlimited`.
     Unlimited,
-    /// The descriptor was counted (or blocked). `decision.allowed` is the limit's own answer;
-    /// in shadow mode a denial does not deny the request.
-    Checked(Decision),
-    /// The store failed, or the cost can never fit the quota.
-    Failed(StoreError),
+    /// The matched limit allows nothing (`requests_per_unit: 0`): denied, to be tried again
+    /// after `period`.
+    Blocked {
+        /// The limit's period.
+        period: Duration,
+    },
+    /// The descriptor was counted: the store's decision — `allowed` is the limit's own answer;
+    /// in shadow mode a denial does not deny the request — or why it could not decide (the
+    /// store failed, or the cost can never fit the quota).
+    Counted(Result<Decision, StoreError>),
 }
 
 /// One descriptor's part of a [`Verdict`].
@@ -39,21 +47,25 @@ pub struct DescriptorVerdict<'r> {
 }
 
 impl DescriptorVerdict<'_> {
-    /// Whether this descriptor lets the request through: everything but an enforced denial or
-    /// failure.
+    /// Whether this descriptor lets the request through: everything but an enforced denial,
+    /// block or failure.
     pub fn allows(&self) -> bool {
         let shadow = self.applied.is_some_and(|a| a.shadow_mode());
         match &self.status {
-            Status::Checked(decision) => decision.allowed || shadow,
-            Status::Failed(_) => shadow,
+            Status::Counted(Ok(decision)) => decision.allowed || shadow,
+            Status::Counted(Err(_)) | Status::Blocked { .. } => shadow,
             _ => true,
         }
     }
 
     /// Whether the limit denied (or would have denied, in shadow mode).
     pub fn over_limit(&self) -> bool {
-        matches!(&self.status, Status::Checked(d) if !d.allowed)
-            || matches!(self.status, Status::Failed(StoreError::Capacity(_)))
+        matches!(
+            &self.status,
+            Status::Counted(Ok(Decision { allowed: false, .. }))
+                | Status::Counted(Err(StoreError::Capacity(_)))
+                | Status::Blocked { .. }
+        )
     }
 }
 
@@ -69,14 +81,13 @@ pub struct Verdict<'r> {
 /// Checks a request against `rules`, counting in `store`. `hits_addend` is the request-level
 /// cost (0 means 1); a descriptor's own `hits_addend` wins.
 ///
-/// Every counted descriptor is sent to the store at once ([`check_all`]), each with its rule's
-/// `fail` mode. If an enforced limit denies (or a blocked rule matches), the request is denied
-/// and no unit is consumed. An invalid limit override (a rate above one per nanosecond) is
-/// reported as [`Status::Failed`] with a [`StoreError::Backend`] describing it.
+/// Every counted descriptor is asked of the store together ([`pipeline::decide`]), each with
+/// its rule's `fail` mode and shadow flag: if an enforced limit denies (or a blocked rule
+/// matches), the request is denied and no unit is consumed. An invalid limit override (a rate
+/// above one per nanosecond) is reported as a [`StoreError::Backend`] describing it.
 ///
-/// Everything that needs no waiting is done in plain functions: a request with one counted
-/// limit, in a store that answers at once ([`Store::check_now`]: the memory store, a fallback
-/// store over it), never reaches an `.await` and allocates no key.
+/// A request with one counted limit, in a store that answers at once ([`Store::check_now`]:
+/// the memory store, a fallback store over it), is decided without allocating its key.
 pub async fn check<'r, S: Store + ?Sized>(
     rules: &'r RuleSet,
     store: &S,
@@ -84,191 +95,162 @@ pub async fn check<'r, S: Store + ?Sized>(
     descriptors: &[Descriptor],
     hits_addend: u64,
 ) -> Verdict<'r> {
-    match check_at_once(rules, store, domain, descriptors, hits_addend) {
-        AtOnce::Done(verdict) => verdict,
-        AtOnce::Ask(mut pending) => {
-            let results = ask_store(store, domain, descriptors, &pending).await;
-            pending.apply(results.into_iter());
-            pending.into_verdict()
+    let resolved = match resolve(rules, domain, descriptors, hits_addend) {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            let request_hits = hits_addend.max(1);
+            let failed = |d: &Descriptor| DescriptorVerdict {
+                applied: None,
+                status: Status::Counted(Err(StoreError::Backend(format!(
+                    "invalid limit override: {e}"
+                )))),
+                hits: d.hits_addend.unwrap_or(request_hits),
+            };
+            return Verdict {
+                allowed: false,
+                descriptors: descriptors.iter().map(failed).collect(),
+            };
+        }
+    };
+    let plan = Plan::new(resolved);
+    if let [only] = plan.counted.as_slice() {
+        // One limit: its key in a reused buffer, decided here if the store answers at once.
+        let now = crate::scratch::with_buffer(|key| {
+            plan.write_key(key, domain, descriptors, only);
+            pipeline::decide_now(store, &[plan.ask(key, only)]).ok()
+        });
+        if let Some(outcome) = now {
+            return plan.verdict(outcome.results);
         }
     }
+    let keys: Vec<String> = plan
+        .counted
+        .iter()
+        .map(|counted| {
+            let mut key = String::new();
+            plan.write_key(&mut key, domain, descriptors, counted);
+            key
+        })
+        .collect();
+    let asks: Vec<Ask<'_>> = plan
+        .counted
+        .iter()
+        .zip(&keys)
+        .map(|(counted, key)| plan.ask(key, counted))
+        .collect();
+    let outcome = pipeline::decide(store, &asks).await;
+    plan.verdict(outcome.results)
 }
 
-/// What [`check_at_once`] got to.
-enum AtOnce<'r> {
-    /// The whole answer.
-    Done(Verdict<'r>),
-    /// The store must be waited for.
-    Ask(Pending<'r>),
+/// A descriptor the store is asked about.
+struct Counted {
+    /// Its index in the request.
+    index: usize,
+    /// The quota it is counted under.
+    quota: Quota,
 }
 
-/// The matched descriptors of a request, before the store's answers are in.
-struct Pending<'r> {
-    verdicts: Vec<DescriptorVerdict<'r>>,
+/// A resolved request, before the store's answers are in.
+struct Plan<'r> {
+    resolved: Vec<Resolved<'r>>,
+    /// The descriptors asked of the store, in request order.
+    counted: Vec<Counted>,
     /// A blocked, enforced limit denies the request whatever the others say: the others are
     /// then only peeked, so nothing is consumed.
     blocked_enforced: bool,
 }
 
-impl<'r> Pending<'r> {
-    /// The quota of a descriptor the store is asked about.
-    fn counted(v: &DescriptorVerdict<'r>) -> Option<Quota> {
-        match (&v.status, v.applied?.rate()) {
-            (Status::Checked(_), Rate::Limited(quota)) => Some(quota),
-            _ => None,
+impl<'r> Plan<'r> {
+    fn new(resolved: Vec<Resolved<'r>>) -> Self {
+        let live = |r: &Resolved<'r>| r.applied.filter(|_| !r.replaced);
+        let counted = resolved
+            .iter()
+            .enumerate()
+            .filter_map(|(index, r)| match live(r)?.rate() {
+                Rate::Limited(quota) => Some(Counted { index, quota }),
+                _ => None,
+            })
+            .collect();
+        let blocked_enforced = resolved.iter().any(|r| {
+            live(r).is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
+        });
+        Plan {
+            resolved,
+            counted,
+            blocked_enforced,
         }
     }
 
-    /// The units to ask for: none (a peek) when a blocked limit denies anyway.
-    fn cost(&self, hits: u64) -> u64 {
-        if self.blocked_enforced { 0 } else { hits }
+    /// Appends the counter key of `counted` to `key`: the rule's own suffix, or one built from
+    /// an override's quota.
+    fn write_key(
+        &self,
+        key: &mut String,
+        domain: &str,
+        descriptors: &[Descriptor],
+        counted: &Counted,
+    ) {
+        let entries = &descriptors[counted.index].entries;
+        match self.resolved[counted.index].applied {
+            Some(AppliedLimit::Rule(rule)) => {
+                write_key(key, domain, entries, rule.counter_suffix())
+            }
+            _ => write_key(key, domain, entries, &quota_suffix(&counted.quota)),
+        }
     }
 
-    /// Writes the store's `results` (one per counted descriptor, in order) into the verdicts.
-    fn apply(&mut self, mut results: impl Iterator<Item = Result<Decision, StoreError>>) {
-        let blocked_enforced = self.blocked_enforced;
-        for v in &mut self.verdicts {
-            if !matches!(v.status, Status::Checked(_)) {
-                continue;
-            }
-            match v.applied.map(|a| a.rate()) {
-                Some(Rate::Blocked { period }) => {
-                    v.status = Status::Checked(Decision::blocked(period));
-                }
-                Some(Rate::Limited(_)) => {
-                    v.status = match results.next() {
-                        Some(Ok(decision)) if blocked_enforced && v.hits > 0 => {
-                            // Peeked only: report what the limit would have said, unconsumed.
-                            Status::Checked(Decision {
-                                allowed: decision.remaining >= v.hits,
+    /// The ask for `counted`, counted in `key`: the descriptor's hits, or none (a peek) when a
+    /// blocked limit denies anyway.
+    fn ask<'a>(&self, key: &'a str, counted: &'a Counted) -> Ask<'a> {
+        let r = &self.resolved[counted.index];
+        Ask::new(key, &counted.quota)
+            .cost(if self.blocked_enforced { 0 } else { r.hits })
+            .fail(r.applied.and_then(|a| a.fail()))
+            .shadow(r.applied.is_some_and(|a| a.shadow_mode()))
+    }
+
+    /// The verdict, given the store's `results` for the counted descriptors (in order).
+    fn verdict(self, results: Results) -> Verdict<'r> {
+        let mut results = results.into_iter();
+        let mut counted = self.counted.iter().peekable();
+        let descriptors: Vec<DescriptorVerdict<'r>> = self
+            .resolved
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let status = match r.applied.map(|a| a.rate()) {
+                    None => Status::Unmatched,
+                    Some(_) if r.replaced => Status::Replaced,
+                    Some(Rate::Unlimited) => Status::Unlimited,
+                    Some(Rate::Blocked { period }) => Status::Blocked { period },
+                    Some(Rate::Limited(_)) => {
+                        debug_assert_eq!(counted.peek().map(|c| c.index), Some(i));
+                        counted.next();
+                        let result = results.next().unwrap_or_else(|| {
+                            Err(StoreError::Backend("the store gave no answer".into()))
+                        });
+                        Status::Counted(match result {
+                            // Peeked only: what the limit would have said, unconsumed.
+                            Ok(decision) if self.blocked_enforced && r.hits > 0 => Ok(Decision {
+                                allowed: decision.remaining >= r.hits,
                                 ..decision
-                            })
-                        }
-                        Some(Ok(decision)) => Status::Checked(decision),
-                        Some(Err(e)) => Status::Failed(e),
-                        None => Status::Failed(StoreError::Backend("store gave no answer".into())),
-                    };
+                            }),
+                            other => other,
+                        })
+                    }
+                };
+                DescriptorVerdict {
+                    applied: r.applied,
+                    status,
+                    hits: r.hits,
                 }
-                _ => {}
-            }
-        }
-    }
-
-    fn into_verdict(self) -> Verdict<'r> {
+            })
+            .collect();
         Verdict {
-            allowed: self.verdicts.iter().all(DescriptorVerdict::allows),
-            descriptors: self.verdicts,
+            allowed: descriptors.iter().all(DescriptorVerdict::allows),
+            descriptors,
         }
     }
-}
-
-/// The counter key of `descriptor` as `v` counts it, appended to `key`.
-fn write_counter_key(
-    key: &mut String,
-    domain: &str,
-    v: &DescriptorVerdict<'_>,
-    descriptor: &Descriptor,
-    quota: &Quota,
-) {
-    match v.applied {
-        Some(AppliedLimit::Rule(rule)) => {
-            write_key(key, domain, &descriptor.entries, rule.counter_suffix());
-        }
-        _ => write_key(key, domain, &descriptor.entries, &quota_suffix(quota)),
-    }
-}
-
-/// Matches the request and, when no counted limit or exactly one on a store that answers at
-/// once is involved, decides it without waiting.
-fn check_at_once<'r, S: Store + ?Sized>(
-    rules: &'r RuleSet,
-    store: &S,
-    domain: &str,
-    descriptors: &[Descriptor],
-    hits_addend: u64,
-) -> AtOnce<'r> {
-    let verdicts = match resolve(rules, domain, descriptors, hits_addend) {
-        Ok(verdicts) => verdicts,
-        Err(e) => {
-            let request_hits = hits_addend.max(1);
-            let failed = |d: &Descriptor| DescriptorVerdict {
-                applied: None,
-                status: Status::Failed(StoreError::Backend(format!("invalid limit override: {e}"))),
-                hits: d.hits_addend.unwrap_or(request_hits),
-            };
-            return AtOnce::Done(Verdict {
-                allowed: false,
-                descriptors: descriptors.iter().map(failed).collect(),
-            });
-        }
-    };
-    let blocked_enforced = verdicts.iter().any(|v| {
-        matches!(v.status, Status::Checked(_))
-            && v.applied
-                .is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
-    });
-    let mut pending = Pending {
-        verdicts,
-        blocked_enforced,
-    };
-    let mut counted = pending
-        .verdicts
-        .iter()
-        .enumerate()
-        .filter_map(|(i, v)| Some((i, Pending::counted(v)?)));
-    let answer = match (counted.next(), counted.next()) {
-        (None, _) => None,
-        (Some((i, quota)), None) => {
-            // One limit: nothing to give back on a denial. A store that answers at once gets
-            // the key in a reused buffer, so nothing is allocated.
-            let v = &pending.verdicts[i];
-            let cost = pending.cost(v.hits);
-            let fail = v.applied.and_then(|a| a.fail());
-            let now = KEY_SCRATCH.with_borrow_mut(|key| {
-                key.clear();
-                write_counter_key(key, domain, v, &descriptors[i], &quota);
-                store.check_now(Ask::new(key, &quota).cost(cost).fail(fail))
-            });
-            match now {
-                Some(answer) => Some(answer),
-                None => return AtOnce::Ask(pending),
-            }
-        }
-        (Some(_), Some(_)) => return AtOnce::Ask(pending),
-    };
-    pending.apply(answer.into_iter());
-    AtOnce::Done(pending.into_verdict())
-}
-
-/// Asks the store about every counted descriptor of `pending` and waits: one ask directly,
-/// several at once with [`check_all`]'s all-or-nothing.
-async fn ask_store<S: Store + ?Sized>(
-    store: &S,
-    domain: &str,
-    descriptors: &[Descriptor],
-    pending: &Pending<'_>,
-) -> Vec<Result<Decision, StoreError>> {
-    let mut keys = Vec::new();
-    let mut counted = Vec::new();
-    for (v, descriptor) in pending.verdicts.iter().zip(descriptors) {
-        if let (Some(quota), Some(applied)) = (Pending::counted(v), v.applied) {
-            let mut key = String::new();
-            write_counter_key(&mut key, domain, v, descriptor, &quota);
-            keys.push(key);
-            counted.push((quota, pending.cost(v.hits), applied));
-        }
-    }
-    let asks: Vec<Ask<'_>> = keys
-        .iter()
-        .zip(&counted)
-        .map(|(key, (quota, cost, applied))| Ask::new(key, quota).cost(*cost).fail(applied.fail()))
-        .collect();
-    if let [ask] = asks.as_slice() {
-        return vec![store.check(*ask).await];
-    }
-    check_all(store, &asks, |i| !counted[i].2.shadow_mode())
-        .await
-        .results
 }
 
 #[cfg(test)]
@@ -322,7 +304,7 @@ mod tests {
 
     fn remaining(v: &Verdict<'_>, i: usize) -> u64 {
         match &v.descriptors[i].status {
-            Status::Checked(d) => d.remaining,
+            Status::Counted(Ok(d)) => d.remaining,
             other => panic!("descriptor {i} not checked: {other:?}"),
         }
     }
@@ -335,11 +317,11 @@ mod tests {
         async fn check(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
             self.0.check(ask).await
         }
-        async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
-            self.0.refund(key, quota, units).await
+        async fn refund(&self, ask: Ask<'_>) -> Result<(), StoreError> {
+            self.0.refund(ask).await
         }
-        async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
-            self.0.reset(key, quota).await
+        async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
+            self.0.reset(ask).await
         }
     }
 
@@ -399,8 +381,11 @@ mod tests {
         }
         let v = check(&rules, &store, "d", &[one("user", "banned")], 1).await;
         assert!(!v.allowed);
-        assert!(
-            matches!(&v.descriptors[0].status, Status::Checked(d) if !d.allowed && d.limit == 0)
+        assert_eq!(
+            v.descriptors[0].status,
+            Status::Blocked {
+                period: Duration::from_secs(60)
+            }
         );
         // Shadow mode: the second call is over the limit but allowed.
         for n in 0..2 {

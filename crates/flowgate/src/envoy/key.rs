@@ -35,11 +35,6 @@ pub(super) fn write_key(key: &mut String, domain: &str, entries: &[Entry], suffi
     key.push_str(suffix);
 }
 
-thread_local! {
-    /// A reused buffer for the counter key of a request asked of a store that answers at once.
-    pub(super) static KEY_SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-}
-
 /// Appends `s` with the key's separators (`|`, `=`, `#`) and the escape character escaped.
 fn escape_into(key: &mut String, s: &str) {
     if !s.bytes().any(|b| matches!(b, b'\\' | b'|' | b'=' | b'#')) {

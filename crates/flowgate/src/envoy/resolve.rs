@@ -1,12 +1,9 @@
 //! Which limit applies to each descriptor of a request, before any store is asked.
 
-use std::time::Duration;
-
-use super::check::{DescriptorVerdict, Status};
 use super::descriptor::{Descriptor, LimitOverride};
 use super::rules::{Rate, Rule};
 use super::ruleset::RuleSet;
-use crate::decision::{Decision, FailMode};
+use crate::decision::FailMode;
 use crate::quota::{Algorithm, Quota, QuotaError};
 
 /// The limit that was applied to a descriptor: a configured [`Rule`] or a request override.
@@ -52,77 +49,65 @@ impl AppliedLimit<'_> {
     }
 }
 
+/// Which limit applies to one descriptor, before any store is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved<'r> {
+    /// The limit that matched (`None`: no rule matched, or the domain is unknown).
+    pub applied: Option<AppliedLimit<'r>>,
+    /// Whether another matched rule's `replaces` names this one: it is skipped.
+    pub replaced: bool,
+    /// The units the descriptor costs.
+    pub hits: u64,
+}
+
 /// Which limit applies to each descriptor, before asking any store: [`RuleSet::find`], limit
-/// overrides, `unlimited` and `replaces`. `applied` is `None` when no limit applies.
-///
-/// Each entry's `status` is `Unmatched`, `Replaced` or `Unlimited`, or a placeholder
-/// `Checked` for the limits [`check`](super::check) then asks the store about; `hits` is the
-/// descriptor's cost.
+/// overrides and `replaces`. `hits_addend` is the request's cost (0 means 1); a descriptor's
+/// own wins. An invalid override (a rate above one per nanosecond) is an error.
 pub fn resolve<'r>(
     rules: &'r RuleSet,
     domain: &str,
     descriptors: &[Descriptor],
     hits_addend: u64,
-) -> Result<Vec<DescriptorVerdict<'r>>, QuotaError> {
+) -> Result<Vec<Resolved<'r>>, QuotaError> {
     let request_hits = hits_addend.max(1);
-    let hits = |d: &Descriptor| d.hits_addend.unwrap_or(request_hits);
-    let Some(domain_rules) = rules.domain(domain) else {
-        return Ok(descriptors
-            .iter()
-            .map(|d| DescriptorVerdict {
-                applied: None,
-                status: Status::Unmatched,
-                hits: hits(d),
-            })
-            .collect());
-    };
+    let domain_rules = rules.domain(domain);
     let mut resolved = Vec::with_capacity(descriptors.len());
     for descriptor in descriptors {
-        let applied = match descriptor.limit {
-            Some(over) if over.requests_per_unit == 0 => Some(AppliedLimit::Override(over, None)),
-            Some(over) => {
+        let applied = match (domain_rules, descriptor.limit) {
+            (None, _) => None,
+            (Some(_), Some(over)) if over.requests_per_unit == 0 => {
+                Some(AppliedLimit::Override(over, None))
+            }
+            (Some(_), Some(over)) => {
                 let quota = Quota::new(over.requests_per_unit, over.unit.duration())?
                     .with_algorithm(Algorithm::default())?;
                 Some(AppliedLimit::Override(over, Some(quota)))
             }
-            None => domain_rules
+            (Some(domain_rules), None) => domain_rules
                 .find(&descriptor.entries)
                 .map(AppliedLimit::Rule),
         };
-        let status = match applied {
-            None => Status::Unmatched,
-            Some(AppliedLimit::Rule(rule)) if rule.rate == Rate::Unlimited => Status::Unlimited,
-            Some(_) => Status::Checked(Decision {
-                allowed: true,
-                limit: 0,
-                burst: 0,
-                remaining: 0,
-                reset_after: Duration::ZERO,
-                retry_after: Duration::ZERO,
-                fallback: None,
-            }),
-        };
-        resolved.push(DescriptorVerdict {
+        resolved.push(Resolved {
             applied,
-            status,
-            hits: hits(descriptor),
+            replaced: false,
+            hits: descriptor.hits_addend.unwrap_or(request_hits),
         });
     }
     // `replaces`: a named rule is skipped when any matched rule (even an unlimited one) names it.
     let replaced: Vec<&str> = resolved
         .iter()
-        .filter_map(|v| match v.applied {
+        .filter_map(|r| match r.applied {
             Some(AppliedLimit::Rule(rule)) => Some(rule.replaces.iter().map(String::as_str)),
             _ => None,
         })
         .flatten()
         .collect();
     if !replaced.is_empty() {
-        for v in &mut resolved {
-            if let Some(AppliedLimit::Rule(rule)) = v.applied
+        for r in &mut resolved {
+            if let Some(AppliedLimit::Rule(rule)) = r.applied
                 && rule.name.as_deref().is_some_and(|n| replaced.contains(&n))
             {
-                v.status = Status::Replaced;
+                r.replaced = true;
             }
         }
     }

@@ -1,8 +1,8 @@
-//! The check itself: a request's limits asked of the store, and the answer turned into either
-//! headers for the passing response or a response of its own (429, 503, 500), by the one
-//! renderer ([`Answer`]). A single limit in a store that answers at once is decided without
-//! waiting ([`Shared::decide`]); anything else goes through the store's futures
-//! ([`Shared::check`]).
+//! The check itself: a request's limits asked of the store through the
+//! [`pipeline`](crate::pipeline), and the answer turned into either headers for the passing
+//! response or a response of its own (429, 503, 500), by the one renderer ([`Answer`]). A store
+//! that answers at once decides the request here ([`Shared::decide`]); anything else waits on
+//! the store ([`Shared::check`]).
 
 use std::sync::Arc;
 
@@ -11,14 +11,14 @@ use http::header::{HeaderMap, HeaderValue, WWW_AUTHENTICATE};
 use http::request::Parts;
 use http::{Response, StatusCode};
 
-use super::answer::{Answer, AnswerKind, LimitReport};
 use super::key::KeyRejection;
 use super::limits::{Limits, Selected};
-use super::problem::Problem;
-use super::scratch::with_buffer;
 use super::stats::{RateLimitStats, bump};
+use crate::answer::problem::Problem;
+use crate::answer::{Answer, AnswerKind, LimitReport, Rendered};
 use crate::decision::FailMode;
-use crate::limits::check_all;
+use crate::pipeline::{self, Outcome, Unfinished};
+use crate::scratch::with_buffer;
 use crate::store::{Ask, Store};
 
 /// How the layer behaves; fixed when it is built.
@@ -40,14 +40,12 @@ pub(crate) struct Shared<St> {
     pub(crate) stats: Arc<RateLimitStats>,
 }
 
-/// Where a request stands.
+/// Where a request stands after [`Shared::decide`].
 pub(crate) enum Step {
-    /// Call the inner service and add the answer's fields to its response.
-    Pass(Answer),
-    /// Answer with this response instead.
-    Refuse(Response<Bytes>),
-    /// These limits must be asked of the store asynchronously ([`Shared::check`]).
-    AskStore(Vec<Selected>),
+    /// Decided: pass it (with the answer's fields) or refuse it.
+    Decided(Rendered),
+    /// The store must be waited for ([`Shared::check`]).
+    Wait(Vec<Selected>, Unfinished),
 }
 
 /// Whether a request speaks gRPC, so that refusals are sent as gRPC statuses.
@@ -76,72 +74,80 @@ impl<St: Store> Shared<St> {
         response
     }
 
-    /// Decides a request without waiting when it can: one limit, in a store that answers at
-    /// once (the memory store), is decided here with no allocation but the response's
-    /// `RateLimit` value. Everything else is left to [`check`](Self::check).
+    /// Decides a request without waiting when the store answers at once (the memory store).
+    /// One limit is decided with no allocation but the response's `RateLimit` value (its key
+    /// in a reused buffer); otherwise the store is left to [`check`](Self::check).
     pub(crate) fn decide(&self, parts: &Parts) -> Step {
+        let grpc = || is_grpc(&parts.headers);
         let Some(limit) = self.limits.single() else {
-            return match self.limits.select(parts) {
-                Ok(selected) if selected.is_empty() => Step::Pass(Answer::empty()),
-                Ok(selected) => Step::AskStore(selected),
-                Err(rejection) => Step::Refuse(self.reject(rejection, is_grpc(&parts.headers))),
+            let selected = match self.limits.select(parts) {
+                Ok(selected) => selected,
+                Err(rejection) => {
+                    return Step::Decided(Rendered::Refuse(self.reject(rejection, grpc())));
+                }
+            };
+            let asks: Vec<Ask<'_>> = selected.iter().map(Selected::ask).collect();
+            return match pipeline::decide_now(&self.store, &asks) {
+                Ok(outcome) => Step::Decided(self.finish(&selected, outcome, grpc)),
+                Err(unfinished) => Step::Wait(selected, unfinished),
             };
         };
         with_buffer(|buffer| {
             let tier = match limit.select(parts, buffer) {
                 Ok(Some(tier)) => tier,
-                Ok(None) => return Step::Pass(Answer::empty()),
+                Ok(None) => return Step::Decided(Rendered::Pass(Answer::empty())),
                 Err(rejection) => {
-                    return Step::Refuse(self.reject(rejection, is_grpc(&parts.headers)));
+                    return Step::Decided(Rendered::Refuse(self.reject(rejection, grpc())));
                 }
             };
-            let ask = Ask::new(buffer, &tier.quota)
-                .cost(limit.units())
-                .fail(limit.fail_mode());
-            let Some(result) = self.store.check_now(ask) else {
-                return Step::AskStore(vec![limit.selected(buffer.clone(), tier)]);
+            let ask = limit.ask(buffer, tier);
+            let outcome = match pipeline::decide_now(&self.store, &[ask]) {
+                Ok(outcome) => outcome,
+                Err(unfinished) => {
+                    return Step::Wait(vec![limit.selected(buffer.clone(), tier)], unfinished);
+                }
             };
-            let report = LimitReport {
-                name: limit.name(),
-                policy_item: &tier.item,
-                enforced: limit.enforced(),
-                result: &result,
-            };
+            let report = LimitReport::new(
+                limit.name(),
+                &tier.item,
+                limit.enforced(),
+                &outcome.results[0],
+            );
             // The store key is spent: the buffer now takes the `RateLimit` value.
             let answer = Answer::with_buffer([report], self.options.legacy_headers, buffer);
-            self.finish(answer, || is_grpc(&parts.headers))
+            Step::Decided(self.render(answer, grpc))
         })
     }
 
-    /// Asks the store for every selected limit at once and decides.
-    pub(crate) async fn check(self: Arc<Self>, selected: Vec<Selected>, grpc: bool) -> Step {
-        let asks: Vec<Ask<'_>> = selected
-            .iter()
-            .map(|s| Ask::new(&s.store_key, &s.quota).cost(s.cost).fail(s.fail))
-            .collect();
-        let results = if let [ask] = asks.as_slice() {
-            // One limit: nothing to refund.
-            vec![self.store.check(*ask).await]
-        } else {
-            check_all(&self.store, &asks, |i| selected[i].enforced)
-                .await
-                .results
-        };
-        let reports = selected
-            .iter()
-            .zip(&results)
-            .map(|(s, result)| LimitReport {
-                name: &s.name,
-                policy_item: &s.policy_item,
-                enforced: s.enforced,
-                result,
-            });
-        let answer = Answer::new(reports, self.options.legacy_headers);
-        self.finish(answer, || grpc)
+    /// Waits for the store's answers about `selected` and decides.
+    pub(crate) async fn check(
+        self: Arc<Self>,
+        selected: Vec<Selected>,
+        unfinished: Unfinished,
+        grpc: bool,
+    ) -> Rendered {
+        let asks: Vec<Ask<'_>> = selected.iter().map(Selected::ask).collect();
+        let outcome = unfinished.finish(&self.store, &asks).await;
+        self.finish(&selected, outcome, || grpc)
     }
 
-    /// Counts the answer and turns it into the request's next step.
-    fn finish(&self, answer: Answer, grpc: impl FnOnce() -> bool) -> Step {
+    /// The answer to `outcome`, the store's answers for `selected`.
+    fn finish(
+        &self,
+        selected: &[Selected],
+        outcome: Outcome,
+        grpc: impl FnOnce() -> bool,
+    ) -> Rendered {
+        let reports = selected
+            .iter()
+            .zip(&outcome.results)
+            .map(|(s, result)| LimitReport::new(&s.name, &s.policy_item, s.enforced, result));
+        let answer = Answer::new(reports, self.options.legacy_headers);
+        self.render(answer, grpc)
+    }
+
+    /// Counts the answer and renders it.
+    fn render(&self, answer: Answer, grpc: impl FnOnce() -> bool) -> Rendered {
         let stats = &self.stats;
         match answer.kind() {
             AnswerKind::Allowed => {
@@ -151,18 +157,12 @@ impl<St: Store> Shared<St> {
                     Some(FailMode::Local) => bump(&stats.fail_local),
                     _ => {}
                 }
-                return Step::Pass(answer);
             }
             AnswerKind::Limited => bump(&stats.limited),
             AnswerKind::Closed | AnswerKind::Unavailable => bump(&stats.unavailable),
             _ => bump(&stats.store_errors),
         }
-        // Every answer but `Allowed` refuses.
-        Step::Refuse(
-            answer
-                .refusal(grpc())
-                .unwrap_or_else(super::service::internal_error),
-        )
+        answer.render(grpc())
     }
 }
 
@@ -183,10 +183,10 @@ mod tests {
         async fn check(&self, _: Ask<'_>) -> Result<Decision, StoreError> {
             self.0.clone()
         }
-        async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+        async fn refund(&self, _: Ask<'_>) -> Result<(), StoreError> {
             Ok(())
         }
-        async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+        async fn reset(&self, _: Ask<'_>) -> Result<(), StoreError> {
             Ok(())
         }
     }

@@ -44,4 +44,11 @@ pub enum LimitsError {
         /// The cost and the burst.
         source: InsufficientCapacity,
     },
+    /// A limit names a fail mode ([`Limit::fail`](super::Limit::fail)) but the store would
+    /// ignore it (a Redis store on its own): wrap the store in a
+    /// [`FallbackStore`](crate::store::FallbackStore), or drop the mode.
+    #[error(
+        "limit `{0}` sets a fail mode, which this store does not apply: wrap it in a FallbackStore"
+    )]
+    FailModeIgnored(String),
 }

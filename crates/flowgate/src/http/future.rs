@@ -9,13 +9,11 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::answer::Answer;
 use super::body::ResponseBody;
-use super::check::Step;
-use super::service::internal_error;
+use crate::answer::{Answer, Rendered};
 
 /// The store's answer, boxed: store futures are opaque types.
-type Check = Pin<Box<dyn Future<Output = Step> + Send>>;
+type Check = Pin<Box<dyn Future<Output = Rendered> + Send>>;
 
 pin_project! {
     /// The future of a [`RateLimitService`](super::RateLimitService) call.
@@ -93,18 +91,15 @@ where
                 StateProj::Checking { check, pending } => {
                     let step = ready!(check.as_mut().poll(cx));
                     let next = match (step, pending.take()) {
-                        (Step::Pass(answer), Some((mut service, request))) => State::Calling {
+                        (Rendered::Pass(answer), Some((mut service, request))) => State::Calling {
                             future: service.call(request),
                             answer: Some(answer),
                         },
-                        (Step::Refuse(response), _) => State::Answered {
+                        (Rendered::Refuse(response), _) => State::Answered {
                             response: Some(response),
                         },
-                        // `pending` is only taken here, and the state then changes; `check`
-                        // never leaves a limit to ask.
-                        (Step::Pass(_) | Step::AskStore(_), _) => {
-                            State::Answered { response: None }
-                        }
+                        // `pending` is only taken here, and the state then changes.
+                        (Rendered::Pass(_), None) => State::Answered { response: None },
                     };
                     state.set(next);
                 }
@@ -122,4 +117,11 @@ where
             }
         }
     }
+}
+
+/// A bare 500, for a future polled again after it completed.
+fn internal_error() -> http::Response<bytes::Bytes> {
+    let mut response = http::Response::new(bytes::Bytes::new());
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response
 }

@@ -97,12 +97,13 @@ impl RateLimitLayer<MemoryStore> {
 
 impl<St: Store> RateLimitLayer<St> {
     /// Enforces `limits` with counters in `store`. Fails if there are no limits, a name is
-    /// invalid or repeated, a tier is given to an untiered limit, or a cost could never be
-    /// granted.
+    /// invalid or repeated, a tier is given to an untiered limit, a cost could never be
+    /// granted, or a limit names a fail mode the store would ignore.
     ///
     /// A store error reaches clients as 503 (`Retry-After: 1`); for fail open, closed or local
     /// per limit ([`Limit::fail`]), wrap the store in a
-    /// [`FallbackStore`](crate::store::FallbackStore).
+    /// [`FallbackStore`](crate::store::FallbackStore) — a limit with a fail mode over a store
+    /// that does not apply it is refused here ([`LimitsError::FailModeIgnored`]).
     pub fn new(store: St, limits: Limits) -> Result<Self, LimitsError> {
         Self::builder(store, limits).build()
     }
@@ -164,6 +165,11 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Checks the limits and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer<St>, LimitsError> {
         self.limits.validate()?;
+        if !self.store.applies_fail_modes()
+            && let Some(limit) = self.limits.iter().find(|l| l.fail_mode().is_some())
+        {
+            return Err(LimitsError::FailModeIgnored(limit.name().to_owned()));
+        }
         Ok(RateLimitLayer::from_parts(
             self.store,
             self.limits,
@@ -185,5 +191,38 @@ mod tests {
         ] {
             assert_eq!(layer.shared.limits.validate(), Ok(()));
         }
+    }
+
+    /// A store that reports its outages instead of applying fail modes.
+    struct Remote;
+
+    impl Store for Remote {
+        async fn check(
+            &self,
+            _: crate::store::Ask<'_>,
+        ) -> Result<crate::Decision, crate::store::StoreError> {
+            Err(crate::store::StoreError::Unavailable("away".into()))
+        }
+        async fn refund(&self, _: crate::store::Ask<'_>) -> Result<(), crate::store::StoreError> {
+            Ok(())
+        }
+        async fn reset(&self, _: crate::store::Ask<'_>) -> Result<(), crate::store::StoreError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_fail_mode_the_store_would_ignore_is_refused() {
+        use crate::FailMode;
+        let limit = || Limit::new("all", Global::default(), Quota::per_second(5));
+        let with_mode = || Limits::new().limit(limit().fail(FailMode::Local));
+        assert_eq!(
+            RateLimitLayer::new(Remote, with_mode()).err(),
+            Some(LimitsError::FailModeIgnored("all".into()))
+        );
+        assert!(RateLimitLayer::new(Remote, Limits::new().limit(limit())).is_ok());
+        let fallback = crate::store::FallbackStore::builder(Remote).build();
+        assert!(RateLimitLayer::new(fallback, with_mode()).is_ok());
+        assert!(RateLimitLayer::new(crate::store::MemoryStore::new(), with_mode()).is_ok());
     }
 }

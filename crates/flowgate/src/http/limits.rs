@@ -7,10 +7,11 @@ use http::HeaderValue;
 use http::request::Parts;
 
 use super::error::LimitsError;
-use super::headers::policy_item_value;
 use super::key::{KeyExtractor, KeyRejection};
+use crate::answer::headers::policy_item_value;
 use crate::decision::FailMode;
 use crate::quota::Quota;
+use crate::store::Ask;
 
 /// A quota of a limit (for one tier, or for all), with what each request needs of it formatted
 /// once: its `RateLimit-Policy` item and the start of its store keys.
@@ -187,11 +188,6 @@ impl Limit {
         &self.name
     }
 
-    /// Units each request takes.
-    pub(crate) fn units(&self) -> u64 {
-        self.cost
-    }
-
     /// Whether the limit may deny (it is not a shadow limit).
     pub(crate) fn enforced(&self) -> bool {
         !self.shadow
@@ -229,9 +225,17 @@ impl Limit {
         Ok(Some(priced))
     }
 
-    /// What the limit decides while a shared store is away.
+    /// What the limit decides while a shared store is away, if it says.
     pub(crate) fn fail_mode(&self) -> Option<FailMode> {
         self.fail
+    }
+
+    /// What the limit asks of the store for one request, counted in `store_key` under `tier`.
+    pub(crate) fn ask<'a>(&self, store_key: &'a str, tier: &'a Tier) -> Ask<'a> {
+        Ask::new(store_key, &tier.quota)
+            .cost(self.cost)
+            .fail(self.fail)
+            .shadow(self.shadow)
     }
 
     /// This limit as it applies to one request.
@@ -295,6 +299,16 @@ pub(crate) struct Selected {
     pub(crate) enforced: bool,
     /// Its fail mode, for the store.
     pub(crate) fail: Option<FailMode>,
+}
+
+impl Selected {
+    /// What the limit asks of the store.
+    pub(crate) fn ask(&self) -> Ask<'_> {
+        Ask::new(&self.store_key, &self.quota)
+            .cost(self.cost)
+            .fail(self.fail)
+            .shadow(!self.enforced)
+    }
 }
 
 impl Limits {

@@ -7,12 +7,9 @@
 //!   optionally a fail mode — in any [`Store`](crate::store::Store). A request passes only if
 //!   every limit allows it. One line for the common cases: [`RateLimitLayer::per_client_ip`],
 //!   [`RateLimitLayer::per_peer_ip`], [`RateLimitLayer::global`].
-//! * [`answer`]: the one renderer from decisions to what a client sees (fields, `Retry-After`,
-//!   the fallback marker, status, problem), shared with the gateway and the service.
-//! * [`headers`]: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10)
-//!   items, legacy `X-RateLimit-*` names, `Retry-After` parsing.
-//! * [`problem`]: RFC 9457 `application/problem+json` bodies (`…#quota-exceeded` with
-//!   `violated-policies`), or gRPC statuses for gRPC requests.
+//! * Answers are rendered by [`answer`](crate::answer), the one renderer shared with the
+//!   gateway and the service: the `RateLimit-Policy` / `RateLimit` fields, `Retry-After`, the
+//!   fallback marker, RFC 9457 problem bodies or gRPC statuses.
 //! * [`key`]: peer IP, client IP behind trusted proxies, header, JWT claim, route, composites.
 //! * [`outbound`]: a client-side layer that waits its turn (FIFO, bounded delay) and honours
 //!   an upstream's `Retry-After`.
@@ -104,18 +101,14 @@
 //! `Retry-After` (`Flowgate-Fallback: closed`). A store error that reaches the layer without a
 //! fallback store is answered 503 (transient) or 500. All are counted in [`RateLimitStats`].
 
-pub mod answer;
 mod body;
 mod check;
 mod error;
 mod future;
-pub mod headers;
 pub mod key;
 mod layer;
 mod limits;
 pub mod outbound;
-pub mod problem;
-mod scratch;
 mod service;
 mod stats;
 

@@ -1,8 +1,7 @@
 //! [`RateLimitService`]: the service that checks each request before its inner service sees it.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_service::Service;
@@ -10,14 +9,8 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::check::{Shared, Step, is_grpc};
 use super::future::ResponseFuture;
+use crate::answer::Rendered;
 use crate::store::Store;
-
-/// A bare 500, for states that cannot happen.
-pub(crate) fn internal_error() -> http::Response<bytes::Bytes> {
-    let mut response = http::Response::new(bytes::Bytes::new());
-    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-    response
-}
 
 /// Checks every request against its [`Limits`](super::Limits) before calling the inner
 /// service; made by [`RateLimitLayer`](super::RateLimitLayer).
@@ -76,35 +69,20 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let selected = match self.shared.decide(&parts) {
-            Step::Pass(answer) => {
+        let (selected, unfinished) = match self.shared.decide(&parts) {
+            Step::Decided(Rendered::Pass(answer)) => {
                 let request = Request::from_parts(parts, body);
                 return ResponseFuture::call(self.inner.call(request), answer);
             }
-            Step::Refuse(response) => return ResponseFuture::refuse(response),
-            Step::AskStore(selected) => selected,
+            Step::Decided(Rendered::Refuse(response)) => return ResponseFuture::refuse(response),
+            Step::Wait(selected, unfinished) => (selected, unfinished),
         };
         let grpc = is_grpc(&parts.headers);
         let request = Request::from_parts(parts, body);
-        let mut check = Box::pin(self.shared.clone().check(selected, grpc));
-        // Stores often answer at once even so (several limits in memory): then the request goes
-        // straight to the inner service, which was polled ready for it. (Polling with a no-op
-        // waker is fine: a pending future is polled again, with the real waker, by
-        // `ResponseFuture`.)
-        match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(Step::Pass(answer)) => {
-                ResponseFuture::call(self.inner.call(request), answer)
-            }
-            Poll::Ready(Step::Refuse(response)) => ResponseFuture::refuse(response),
-            // `check` never leaves a limit to ask.
-            Poll::Ready(Step::AskStore(_)) => ResponseFuture::refuse(internal_error()),
-            Poll::Pending => {
-                // The instance that was polled ready goes with the request; this one is a
-                // fresh clone.
-                let clone = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::check(check, ready, request)
-            }
-        }
+        let check = Box::pin(self.shared.clone().check(selected, unfinished, grpc));
+        // The instance that was polled ready goes with the request; this one is a fresh clone.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::check(check, ready, request)
     }
 }

@@ -338,13 +338,20 @@ impl Store for OutageStore {
         }
     }
 
-    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+    async fn refund(&self, ask: Ask<'_>) -> Result<(), StoreError> {
         self.down()?;
-        self.inner.refund(key, quota, units).await
+        self.inner.refund(ask).await
     }
 
-    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
+    fn refund_now(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        match self.down() {
+            Ok(()) => self.inner.refund_now(ask),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
         self.down()?;
-        self.inner.reset(key, quota).await
+        self.inner.reset(ask).await
     }
 }

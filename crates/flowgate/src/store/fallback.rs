@@ -412,18 +412,31 @@ impl<S: Store, C: Clock + Clone> Store for FallbackStore<S, C> {
     }
 
     /// Refunds in the store; while the breaker is open, reports the store unavailable.
-    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
+    async fn refund(&self, ask: Ask<'_>) -> Result<(), StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
-        self.inner.refund(key, quota, units).await
+        self.inner.refund(ask).await
+    }
+
+    /// The inner store's refund at once, if it gives one.
+    fn refund_now(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        self.inner.refund_now(ask)
     }
 
     /// Resets the key in the store and in the local limiter.
-    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
-        self.local
-            .reset_now(key, &local_share(quota, self.instances));
-        self.inner.reset(key, quota).await
+    async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
+        let share = local_share(ask.quota, self.instances);
+        self.local.forget(Ask {
+            quota: &share,
+            ..ask
+        });
+        self.inner.reset(ask).await
+    }
+
+    /// Every ask's fail mode is applied here.
+    fn applies_fail_modes(&self) -> bool {
+        true
     }
 }
 
@@ -455,10 +468,10 @@ mod tests {
             }
             Some(self.memory.answer(ask))
         }
-        async fn refund(&self, _: &str, _: &Quota, _: u64) -> Result<(), StoreError> {
+        async fn refund(&self, _: Ask<'_>) -> Result<(), StoreError> {
             Ok(())
         }
-        async fn reset(&self, _: &str, _: &Quota) -> Result<(), StoreError> {
+        async fn reset(&self, _: Ask<'_>) -> Result<(), StoreError> {
             Ok(())
         }
     }

@@ -307,6 +307,23 @@ impl<S: Store> HybridStore<S> {
         &self.shared.store
     }
 
+    /// Gives back `ask.cost` units from those granted here and not pushed yet; returns how
+    /// many must be refunded in the shared store instead. With `partly` false, gives back
+    /// nothing unless all of them can be.
+    fn give_back_pending(&self, ask: Ask<'_>, partly: bool) -> u64 {
+        let mut keys = self.shared.keys.lock();
+        let Some(e) = keys.get_mut(&(Box::from(ask.key), ask.quota.algorithm())) else {
+            return ask.cost;
+        };
+        let back = ask.cost.min(e.pending);
+        if back < ask.cost && !partly {
+            return ask.cost;
+        }
+        e.pending -= back;
+        e.allowance += back;
+        ask.cost - back
+    }
+
     fn decide(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
         let Ask {
             key, quota, cost, ..
@@ -361,31 +378,26 @@ impl<S: Store> Store for HybridStore<S> {
     }
 
     /// Gives back units not yet pushed; the rest are refunded in the store.
-    async fn refund(&self, key: &str, quota: &Quota, units: u64) -> Result<(), StoreError> {
-        let left = {
-            let mut keys = self.shared.keys.lock();
-            match keys.get_mut(&(Box::from(key), quota.algorithm())) {
-                Some(e) => {
-                    let back = units.min(e.pending);
-                    e.pending -= back;
-                    e.allowance += back;
-                    units - back
-                }
-                None => units,
-            }
-        };
+    async fn refund(&self, ask: Ask<'_>) -> Result<(), StoreError> {
+        let left = self.give_back_pending(ask, true);
         if left > 0 {
-            self.shared.store.refund(key, quota, left).await?;
+            self.shared.store.refund(ask.cost(left)).await?;
         }
         Ok(())
     }
 
-    async fn reset(&self, key: &str, quota: &Quota) -> Result<(), StoreError> {
+    /// Answers at once when every unit is still pending here (the usual case: a refund right
+    /// after the check that took them); `None`, giving nothing back, when some were pushed.
+    fn refund_now(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        (self.give_back_pending(ask, false) == 0).then_some(Ok(()))
+    }
+
+    async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
         self.shared
             .keys
             .lock()
-            .remove(&(Box::from(key), quota.algorithm()));
-        self.shared.store.reset(key, quota).await
+            .remove(&(Box::from(ask.key), ask.quota.algorithm()));
+        self.shared.store.reset(ask).await
     }
 }
 
@@ -431,7 +443,7 @@ mod tests {
         // Before any sync: 30 / 3 = 10.
         assert_eq!(drain(store, "k", &q).await, 10);
         store.sync_now().await;
-        assert_eq!(memory.peek("k", &q).await.unwrap().remaining, 20);
+        assert_eq!(memory.peek(Ask::new("k", &q)).await.unwrap().remaining, 20);
         // Its share of the 20 left: 6 or 7, as its slot for "k" says.
         let share = drain(store, "k", &q).await;
         assert!((6..=7).contains(&share), "{share}");
@@ -439,9 +451,12 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!(d.remaining, 20 - share);
         // Refunds come out of pending first.
-        store.refund("k", &q, 2).await.unwrap();
+        store.refund(Ask::new("k", &q).cost(2)).await.unwrap();
         store.sync_now().await;
-        assert_eq!(memory.peek("k", &q).await.unwrap().remaining, 22 - share);
+        assert_eq!(
+            memory.peek(Ask::new("k", &q)).await.unwrap().remaining,
+            22 - share
+        );
     }
 
     #[tokio::test]

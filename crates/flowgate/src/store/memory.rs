@@ -258,19 +258,20 @@ impl<C: Clock> MemoryStore<C> {
         }))
     }
 
-    /// Gives back `units`, synchronously.
-    pub(crate) fn refund_now(&self, key: &str, quota: &Quota, units: u64) {
+    /// Gives back `ask.cost` units, synchronously.
+    fn give_back(&self, ask: Ask<'_>) {
+        let (quota, units) = (ask.quota, ask.cost);
         let now = self.clock.now();
-        let key = self.keys.key(key);
+        let key = self.keys.key(ask.key);
         with_map!(self, quota, m => {
             m.get(&key, |t| t.cell.update(|s| s.refund(quota, units, now)));
         });
     }
 
-    /// Forgets `key` for `quota`'s algorithm, synchronously.
-    pub(crate) fn reset_now(&self, key: &str, quota: &Quota) {
-        let key = self.keys.key(key);
-        with_map!(self, quota, m => {
+    /// Forgets `ask.key` for its quota's algorithm, synchronously.
+    pub(crate) fn forget(&self, ask: Ask<'_>) {
+        let key = self.keys.key(ask.key);
+        with_map!(self, ask.quota, m => {
             m.remove(&key);
         });
     }
@@ -318,22 +319,24 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self.answer(ask))
     }
 
-    fn refund(
-        &self,
-        key: &str,
-        quota: &Quota,
-        units: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.refund_now(key, quota, units);
+    fn refund(&self, ask: Ask<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.give_back(ask);
         ready(Ok(()))
     }
 
-    fn reset(
-        &self,
-        key: &str,
-        quota: &Quota,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.reset_now(key, quota);
+    #[inline]
+    fn refund_now(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        self.give_back(ask);
+        Some(Ok(()))
+    }
+
+    fn reset(&self, ask: Ask<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget(ask);
         ready(Ok(()))
+    }
+
+    /// The memory store is never away: every fail mode is trivially honoured.
+    fn applies_fail_modes(&self) -> bool {
+        true
     }
 }

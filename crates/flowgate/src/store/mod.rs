@@ -26,6 +26,7 @@ use crate::quota::{InsufficientCapacity, Quota};
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The cost exceeds the quota's burst: it can never be granted. Not transient.
     #[error(transparent)]
@@ -51,14 +52,17 @@ impl StoreError {
     }
 }
 
-/// What a store is asked: `cost` units of the counter `key` under `quota`, and what to do if
-/// the store cannot answer.
+/// One limit as one request meets it: `cost` units of the counter `key` under `quota`, whether
+/// a denial of it denies the request, and what to do if the store cannot answer.
+///
+/// Every [`Store`] verb takes one (`peek` and `reset` ignore the cost, `refund` gives `cost`
+/// back), and [`decide`](crate::pipeline::decide) takes a request's asks together.
 ///
 /// ```
 /// use flowgate::{store::Ask, FailMode, Quota};
 /// let quota = Quota::per_minute(100);
 /// let ask = Ask::new("tenant:42", &quota).cost(5).fail(FailMode::Closed);
-/// assert_eq!((ask.cost, ask.fail), (5, Some(FailMode::Closed)));
+/// assert_eq!((ask.cost, ask.fail, ask.shadow), (5, Some(FailMode::Closed), false));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -69,13 +73,18 @@ pub struct Ask<'a> {
     pub quota: &'a Quota,
     /// Units asked for (default 1; 0 peeks).
     pub cost: u64,
-    /// What to decide if the store cannot be reached, applied by a [`FallbackStore`]; `None`
-    /// leaves it to the fallback store's default. Other stores report the error.
+    /// What to decide if the store cannot be reached; `None` leaves it to the store's default.
+    /// Applied by stores whose [`Store::applies_fail_modes`] is true (a
+    /// [`FallbackStore`]; the memory store, which is never away); the front ends refuse a
+    /// limit that sets one over a store that would ignore it.
     pub fail: Option<FailMode>,
+    /// Counted but never denies the request (a limit tried out on live traffic). Stores ignore
+    /// it; [`decide`](crate::pipeline::decide) does not let it deny.
+    pub shadow: bool,
 }
 
 impl<'a> Ask<'a> {
-    /// One unit of `key` under `quota`, the store's default fail mode.
+    /// One unit of `key` under `quota`, enforced, the store's default fail mode.
     #[inline]
     pub fn new(key: &'a str, quota: &'a Quota) -> Self {
         Ask {
@@ -83,6 +92,7 @@ impl<'a> Ask<'a> {
             quota,
             cost: 1,
             fail: None,
+            shadow: false,
         }
     }
 
@@ -93,20 +103,32 @@ impl<'a> Ask<'a> {
         self
     }
 
-    /// The same, with this [`FailMode`] (`None`: the fallback store's default).
+    /// The same, with this [`FailMode`] (`None`: the store's default).
     #[inline]
     pub fn fail(mut self, mode: impl Into<Option<FailMode>>) -> Self {
         self.fail = mode.into();
+        self
+    }
+
+    /// The same, in shadow mode (`true`: counted, never denies) or enforced.
+    #[inline]
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 }
 
 /// A place to keep limits' state: the embedded [`MemoryStore`], Redis, or your own.
 ///
-/// Every method is given the quota, so one store serves any number of limits; a key must always
-/// be used with the same algorithm (the policy layer builds keys that guarantee it). The verbs
-/// are those of the in-process limiters: `check` asks for units and takes them if granted,
-/// `peek` takes nothing, `refund` gives units back, `reset` forgets a key.
+/// Every verb takes an [`Ask`], whose quota travels with it, so one store serves any number of
+/// limits; a key must always be used with the same algorithm (the front ends build keys that
+/// guarantee it, see [`key`]). The verbs are those of the in-process limiters: `check` asks for
+/// units and takes them if granted, `peek` takes nothing, `refund` gives units back, `reset`
+/// forgets a key.
+///
+/// A store that decides in this process answers at once as well (`check_now`, `refund_now`):
+/// either for every ask or for none, so that [`decide_now`](crate::pipeline::decide_now)
+/// can decide a whole request without waiting.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -117,6 +139,8 @@ impl<'a> Ask<'a> {
 /// let decision = store.check(Ask::new("tenant:42", &quota)).await?;
 /// assert!(decision.allowed);
 /// assert_eq!(decision.remaining, 99);
+/// store.refund(Ask::new("tenant:42", &quota)).await?;
+/// assert_eq!(store.peek(Ask::new("tenant:42", &quota)).await?.remaining, 100);
 /// # Ok(()) }
 /// ```
 pub trait Store: Send + Sync {
@@ -132,8 +156,8 @@ pub trait Store: Send + Sync {
 
     /// The answer to [`check`](Self::check) without waiting, from a store that decides in
     /// memory; `None` (the default) when the store has to be asked asynchronously. When it
-    /// answers, it has taken the units exactly as `check` would have. Callers on a hot path
-    /// (the HTTP layer, the service) try it first, which spares them boxing `check`'s future.
+    /// answers, it has taken the units exactly as `check` would have. A store answers every
+    /// ask at once or none.
     ///
     /// ```
     /// use flowgate::{store::{Ask, MemoryStore, Store}, Quota};
@@ -149,7 +173,7 @@ pub trait Store: Send + Sync {
     }
 
     /// Asks for several counters at once, each decided on its own (not all-or-nothing: see
-    /// [`limits::check_all`](crate::limits::check_all) for that). Stores that talk to a server
+    /// [`pipeline::decide`](crate::pipeline::decide) for that). Stores that talk to a server
     /// send them together; the default asks one after another. Asks for the same key within
     /// one call may be decided in either order, as concurrent calls would be.
     fn check_many<'a>(
@@ -165,29 +189,41 @@ pub trait Store: Send + Sync {
         }
     }
 
-    /// What a request would be told now, taking nothing.
+    /// What a request would be told now, taking nothing (`ask.cost` is ignored).
     fn peek<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
-        self.check(Ask::new(key, quota).cost(0))
+        self.check(ask.cost(0))
     }
 
-    /// Gives back `units` taken earlier (a request another limit denied, cancelled work).
+    /// Gives back `ask.cost` units taken earlier (a request another limit denied, cancelled
+    /// work).
     fn refund<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-        units: u64,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
-    /// Forgets `key`: its next request sees the full quota.
+    /// [`refund`](Self::refund) without waiting, from a store whose
+    /// [`check_now`](Self::check_now) answers; `None` (the default) otherwise.
+    fn refund_now(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        let _ = ask;
+        None
+    }
+
+    /// Forgets `ask.key`: its next request sees the full quota (`ask.cost` is ignored).
     fn reset<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Whether the store applies each ask's [`fail`](Ask::fail) mode: true for a
+    /// [`FallbackStore`], and for stores that are never away (the memory store); false (the
+    /// default) for a store that reports its outages as errors (Redis on its own). The front
+    /// ends refuse limits that name a fail mode over a store that would ignore it.
+    fn applies_fail_modes(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed future, for [`DynStore`].
@@ -205,6 +241,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// let store: Arc<dyn DynStore> = Arc::new(MemoryStore::new());
 /// let quota = Quota::per_second(5);
 /// assert!(store.check(Ask::new("k", &quota)).await?.allowed);
+/// assert_eq!(store.peek(Ask::new("k", &quota)).await?.remaining, 4);
 /// # Ok(()) }
 /// ```
 pub trait DynStore: Send + Sync {
@@ -217,19 +254,16 @@ pub trait DynStore: Send + Sync {
         &'a self,
         asks: &'a [Ask<'a>],
     ) -> BoxFuture<'a, Vec<Result<Decision, StoreError>>>;
+    /// See [`Store::peek`].
+    fn peek_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<Decision, StoreError>>;
     /// See [`Store::refund`].
-    fn refund_boxed<'a>(
-        &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-        units: u64,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn refund_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// See [`Store::refund_now`].
+    fn refund_now_dyn(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>>;
     /// See [`Store::reset`].
-    fn reset_boxed<'a>(
-        &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn reset_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// See [`Store::applies_fail_modes`].
+    fn applies_fail_modes_dyn(&self) -> bool;
 }
 
 impl<S: Store> DynStore for S {
@@ -245,20 +279,20 @@ impl<S: Store> DynStore for S {
     ) -> BoxFuture<'a, Vec<Result<Decision, StoreError>>> {
         Box::pin(self.check_many(asks))
     }
-    fn refund_boxed<'a>(
-        &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-        units: u64,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.refund(key, quota, units))
+    fn peek_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.peek(ask))
     }
-    fn reset_boxed<'a>(
-        &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.reset(key, quota))
+    fn refund_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.refund(ask))
+    }
+    fn refund_now_dyn(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        self.refund_now(ask)
+    }
+    fn reset_boxed<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.reset(ask))
+    }
+    fn applies_fail_modes_dyn(&self) -> bool {
+        self.applies_fail_modes()
     }
 }
 
@@ -281,20 +315,29 @@ impl Store for dyn DynStore + '_ {
     ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send + 'a {
         self.check_many_boxed(asks)
     }
+    fn peek<'a>(
+        &'a self,
+        ask: Ask<'a>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        self.peek_boxed(ask)
+    }
     fn refund<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-        units: u64,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.refund_boxed(key, quota, units)
+        self.refund_boxed(ask)
+    }
+    fn refund_now(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        self.refund_now_dyn(ask)
     }
     fn reset<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.reset_boxed(key, quota)
+        self.reset_boxed(ask)
+    }
+    fn applies_fail_modes(&self) -> bool {
+        self.applies_fail_modes_dyn()
     }
 }
 
@@ -319,24 +362,27 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn peek<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
-        (**self).peek(key, quota)
+        (**self).peek(ask)
     }
     fn refund<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
-        units: u64,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        (**self).refund(key, quota, units)
+        (**self).refund(ask)
+    }
+    #[inline]
+    fn refund_now(&self, ask: Ask<'_>) -> Option<Result<(), StoreError>> {
+        (**self).refund_now(ask)
     }
     fn reset<'a>(
         &'a self,
-        key: &'a str,
-        quota: &'a Quota,
+        ask: Ask<'a>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        (**self).reset(key, quota)
+        (**self).reset(ask)
+    }
+    fn applies_fail_modes(&self) -> bool {
+        (**self).applies_fail_modes()
     }
 }

@@ -15,8 +15,8 @@ use super::stats::{Outcome, WsStats, WsStatsSnapshot};
 use super::verdict::{Close, Rejection, Scope, Verdict, close_code};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::limits::check_all;
 use crate::local::{KeyedRateLimiter, RateLimiter};
+use crate::pipeline;
 use crate::quota::Quota;
 use crate::store::{Ask, Store};
 
@@ -571,20 +571,15 @@ impl<C: Clock + Clone> Session<C> {
         }
         let asks: Vec<Ask<'_>> = layers
             .iter()
-            .map(|(layer, key)| Ask::new(key, &layer.quota).cost(layer.cost))
+            .map(|(layer, key)| {
+                Ask::new(key, &layer.quota)
+                    .cost(layer.cost)
+                    .shadow(!layer.enforced)
+            })
             .collect();
-        let results = if let [ask] = asks.as_slice() {
-            match store.check_now(*ask) {
-                Some(result) => vec![result],
-                None => vec![store.check(*ask).await],
-            }
-        } else {
-            check_all(store, &asks, |i| layers[i].0.enforced)
-                .await
-                .results
-        };
+        let outcome = pipeline::decide(store, &asks).await;
         let mut first = None;
-        for ((layer, _), result) in layers.iter().zip(&results) {
+        for ((layer, _), result) in layers.iter().zip(&outcome.results) {
             let rejection = match result {
                 Ok(decision) => match judge(rules, layer.scope, release, decision) {
                     Judged::Taken => {

@@ -8,30 +8,22 @@ use http::Response;
 
 use super::limiter::{Refusal, WsLimiter};
 use super::verdict::Scope;
+use crate::answer::headers::policy_item_value;
+use crate::answer::problem::Problem;
+use crate::answer::{Answer, LimitReport, Rendered};
 use crate::clock::Clock;
-use crate::http::answer::{Answer, LimitReport};
-use crate::http::headers::policy_item_value;
-use crate::http::problem::Problem;
 
 impl Refusal {
     /// The client-visible answer: for the rate of new connections, the `RateLimit-Policy` /
     /// `RateLimit` fields of its decision under `name` and `policy_item` (e.g.
     /// [`policy_item_value`] of the connect quota); for the caps and the penalty box, which have
     /// no counts to show, `Retry-After` alone. Either way a refusal
-    /// ([`Answer::refusal`] gives the 429).
+    /// ([`Answer::render`] gives the 429).
     pub fn answer(&self, name: &str, policy_item: &HeaderValue) -> Answer {
         match &self.decision {
             Some(decision) => {
                 let result = Ok(*decision);
-                Answer::new(
-                    [LimitReport {
-                        name,
-                        policy_item,
-                        enforced: true,
-                        result: &result,
-                    }],
-                    false,
-                )
+                Answer::new([LimitReport::new(name, policy_item, true, &result)], false)
             }
             None => Answer::limited_without_counts(self.scope.name(), self.retry_after_secs()),
         }
@@ -60,12 +52,15 @@ impl<C: Clock + Clone> WsLimiter<C> {
             Some(quota) => policy_item_value(name, &quota),
             None => HeaderValue::from_static(""),
         };
-        // A refusal's answer is always limited; the fallback only keeps this total.
-        refusal
-            .answer(name, &item)
-            .refusal(false)
-            .unwrap_or_else(|| {
-                Problem::quota_exceeded(vec![refusal.scope.name().to_owned()], 1).into_response()
-            })
+        match refusal.answer(name, &item).render(false) {
+            Rendered::Refuse(response) => response,
+            // A refusal's decision is a denial, so its answer refuses; should one ever allow,
+            // the refusal stands as its problem alone.
+            Rendered::Pass(_) => Problem::quota_exceeded(
+                vec![refusal.scope.name().to_owned()],
+                refusal.retry_after_secs(),
+            )
+            .into_response(),
+        }
     }
 }

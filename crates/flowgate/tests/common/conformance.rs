@@ -218,11 +218,11 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
         let context = || format!("trace {:?}, step {i} ({step:?})", trace.name);
         match &step.op {
             Op::Refund { units } => store
-                .refund(key, quota, *units)
+                .refund(Ask::new(key, quota).cost(*units))
                 .await
                 .unwrap_or_else(|e| panic!("{}: refund failed: {e}", context())),
             Op::Reset => store
-                .reset(key, quota)
+                .reset(Ask::new(key, quota))
                 .await
                 .unwrap_or_else(|e| panic!("{}: reset failed: {e}", context())),
             Op::Acquire { cost, expect } => {

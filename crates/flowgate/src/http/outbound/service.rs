@@ -5,12 +5,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
 use super::layer::Pacer;
 use crate::clock::Clock;
-use crate::http::headers::parse_retry_after;
 
 /// A boxed error: the inner client's, or an [`OutboundError`](super::OutboundError).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -93,5 +92,47 @@ where
             }
             Ok(response)
         })
+    }
+}
+
+/// Reads a `Retry-After` value: delay-seconds (`120`) or an HTTP-date (a date in the past is
+/// zero). `None` for anything else.
+pub(crate) fn parse_retry_after(value: &HeaderValue) -> Option<std::time::Duration> {
+    let text = value.to_str().ok()?.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        // More digits than a u64 holds is still "a very long time".
+        return Some(std::time::Duration::from_secs(
+            text.parse().unwrap_or(u64::MAX),
+        ));
+    }
+    let date = httpdate::parse_http_date(text).ok()?;
+    Some(
+        date.duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn retry_after_values_parse_as_seconds_or_dates() {
+        let v = |s: &str| parse_retry_after(&HeaderValue::from_str(s).unwrap());
+        assert_eq!(v(" 120 "), Some(Duration::from_secs(120)));
+        assert_eq!(
+            v("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(v("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        let later = std::time::SystemTime::now() + Duration::from_secs(30);
+        let d = v(&httpdate::fmt_http_date(later)).unwrap();
+        assert!(
+            d > Duration::from_secs(27) && d <= Duration::from_secs(30),
+            "{d:?}"
+        );
+        assert_eq!(v("-1"), None);
+        assert_eq!(v("soon"), None);
     }
 }

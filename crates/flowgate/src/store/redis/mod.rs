@@ -340,14 +340,9 @@ impl Store for RedisStore {
         }
     }
 
-    fn refund(
-        &self,
-        key: &str,
-        quota: &Quota,
-        units: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = self.redis_key(key, quota.algorithm());
-        let quota = *quota;
+    fn refund(&self, ask: Ask<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = self.redis_key(ask.key, ask.quota.algorithm());
+        let (quota, units) = (*ask.quota, ask.cost);
         async move {
             check_quota(&quota).map_err(|e| StoreError::Backend(e.to_string()))?;
             let now = self.inner.clock.as_ref().map(|c| c.now());
@@ -369,12 +364,8 @@ impl Store for RedisStore {
         }
     }
 
-    fn reset(
-        &self,
-        key: &str,
-        quota: &Quota,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = self.redis_key(key, quota.algorithm());
+    fn reset(&self, ask: Ask<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = self.redis_key(ask.key, ask.quota.algorithm());
         async move {
             tokio::time::timeout(
                 self.inner.timeout,

@@ -1,5 +1,5 @@
 //! The rate-limit response headers: IETF `RateLimit-Policy` and `RateLimit`
-//! (draft-ietf-httpapi-ratelimit-headers-10), legacy `X-RateLimit-*`, and `Retry-After`.
+//! (draft-ietf-httpapi-ratelimit-headers, as of -12), legacy `X-RateLimit-*`, and `Retry-After`.
 //!
 //! ```text
 //! RateLimit-Policy: "per-ip";q=100;w=60, "per-route";q=10;w=1
@@ -14,6 +14,19 @@
 //! name as an sf-string, `q` its quota and `w` its window in seconds; `r` the units remaining
 //! and `t` the seconds until the limit resets — or, on a denied limit, until the request would
 //! be allowed, so that `t` and `Retry-After` agree. Several layers may each append their items.
+//!
+//! **Bursts.** A token bucket may hold more than one window's quota (100 per second, bursts of
+//! 200). The draft has no parameter for that; it says service-specific parameters carry a
+//! vendor prefix (its example is `acme-burst`). So a quota whose burst differs from its limit
+//! is advertised as its rate, `q` per `w`, plus `flowgate-burst=<burst>`, and `r` never says
+//! more than `q`: a client that reads only the draft's parameters is told a true, if cautious,
+//! budget (the draft asks servers not to convey more than they mean clients to use), and one
+//! that reads `flowgate-burst` knows the bucket's capacity.
+//!
+//! ```text
+//! RateLimit-Policy: "per_address";q=100;w=1;flowgate-burst=200
+//! RateLimit: "per_address";r=100;t=2        (199 tokens left: at most q is advertised)
+//! ```
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -61,7 +74,7 @@ pub fn reset_secs(decision: &Decision) -> u64 {
 /// `name` as a Structured Field string (RFC 8941 §3.3.3), as the headers write it.
 ///
 /// ```
-/// assert_eq!(flowgate::http::headers::sf_string("a\"b"), r#""a\"b""#);
+/// assert_eq!(flowgate::answer::headers::sf_string("a\"b"), r#""a\"b""#);
 /// ```
 pub fn sf_string(name: &str) -> String {
     let mut out = String::with_capacity(name.len() + 2);
@@ -109,6 +122,16 @@ fn push_policy_item(out: &mut String, name: &str, quota: &Quota) {
     push_u64(out, q);
     out.push_str(";w=");
     push_u64(out, w);
+    if quota.burst() != quota.limit() {
+        out.push_str(";flowgate-burst=");
+        push_u64(out, quota.burst());
+    }
+}
+
+/// The `r` parameter (and legacy remaining): the units left, at most the limit, so that `r`
+/// never exceeds the policy's `q` (see the module docs on bursts).
+pub fn remaining(decision: &Decision) -> u64 {
+    decision.remaining.min(decision.limit)
 }
 
 /// One `RateLimit` item: `"name";r=0;t=12`.
@@ -121,7 +144,7 @@ pub fn limit_item(name: &str, decision: &Decision) -> String {
 pub(crate) fn push_limit_item(out: &mut String, name: &str, decision: &Decision) {
     push_sf_string(out, name);
     out.push_str(";r=");
-    push_u64(out, decision.remaining);
+    push_u64(out, remaining(decision));
     out.push_str(";t=");
     push_u64(out, reset_secs(decision));
 }
@@ -150,23 +173,6 @@ pub fn blocked_policy_item_value(name: &str, period: std::time::Duration) -> Hea
 /// A header value of printable ASCII (all the formatters write), taking the string's buffer.
 fn value_of(text: String) -> HeaderValue {
     HeaderValue::from_maybe_shared(Bytes::from(text)).unwrap_or(HeaderValue::from_static(""))
-}
-
-/// Reads a `Retry-After` value: delay-seconds (`120`) or an HTTP-date (a date in the past is
-/// zero). `None` for anything else.
-pub fn parse_retry_after(value: &HeaderValue) -> Option<std::time::Duration> {
-    let text = value.to_str().ok()?.trim();
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        // More digits than a u64 holds is still "a very long time".
-        return Some(std::time::Duration::from_secs(
-            text.parse().unwrap_or(u64::MAX),
-        ));
-    }
-    let date = httpdate::parse_http_date(text).ok()?;
-    Some(
-        date.duration_since(std::time::SystemTime::now())
-            .unwrap_or_default(),
-    )
 }
 
 #[cfg(test)]
@@ -216,21 +222,22 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_values_parse_as_seconds_or_dates() {
-        let v = |s: &str| parse_retry_after(&HeaderValue::from_str(s).unwrap());
-        assert_eq!(v(" 120 "), Some(Duration::from_secs(120)));
+    fn a_burst_above_the_limit_is_a_vendor_parameter_and_r_never_exceeds_q() {
+        let q = Quota::per_second(100).with_burst(200).unwrap();
         assert_eq!(
-            v("99999999999999999999999"),
-            Some(Duration::from_secs(u64::MAX))
+            policy_item("per_address", &q),
+            r#""per_address";q=100;w=1;flowgate-burst=200"#
         );
-        assert_eq!(v("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
-        let later = std::time::SystemTime::now() + Duration::from_secs(30);
-        let d = v(&httpdate::fmt_http_date(later)).unwrap();
-        assert!(
-            d > Duration::from_secs(27) && d <= Duration::from_secs(30),
-            "{d:?}"
+        let d = Decision {
+            burst: 200,
+            limit: 100,
+            ..decision(true, 199, 2_000, 0)
+        };
+        assert_eq!(limit_item("per_address", &d), r#""per_address";r=100;t=2"#);
+        let small = Quota::per_second(100).with_burst(10).unwrap();
+        assert_eq!(
+            policy_item("a", &small),
+            r#""a";q=100;w=1;flowgate-burst=10"#
         );
-        assert_eq!(v("-1"), None);
-        assert_eq!(v("soon"), None);
     }
 }

@@ -1,4 +1,4 @@
-//! A per-thread text buffer that the layer reuses for store keys and header values, so that
+//! A per-thread text buffer that the front ends reuse for store keys and header values, so that
 //! deciding a request allocates nothing but the one header value the response keeps.
 
 use std::cell::Cell;

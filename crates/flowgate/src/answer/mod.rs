@@ -1,8 +1,9 @@
 //! [`Answer`]: the one place where limits' decisions become what a client is told — the
-//! `RateLimit-Policy` / `RateLimit` fields, `Retry-After`, the fallback marker, the binding
-//! limit, the status and the problem body. The tower layer, the gateway and the service's
-//! gRPC (`ShouldRateLimit`), `/json` and `/v1/check` answers all render through it, so they
-//! cannot disagree.
+//! `RateLimit-Policy` / `RateLimit` fields ([`headers`]), `Retry-After`, the fallback marker,
+//! the binding limit, the status and the problem body ([`problem`]). The tower layer, the
+//! gateway, the WebSocket upgrade and the service's gRPC (`ShouldRateLimit`), `/json` and
+//! `/v1/check` answers all render through it, so they cannot disagree. (Feature `answer`,
+//! which `tower` includes: it needs only the `http` types, so a gRPC service can use it alone.)
 //!
 //! The rules, decided once:
 //!
@@ -10,9 +11,11 @@
 //! * A limit is in the `RateLimit` fields when its counts are real: a store's decision, or a
 //!   local fallback's (`fail: local`). Decisions a fail mode made without counting (`open`,
 //!   `closed`) are left out — their numbers would be invented.
-//! * A **blocklist** limit (0 per unit) is reported like any other: `q=0` over its period in
-//!   `RateLimit-Policy` and `r=0;t=<period>` in `RateLimit` — a true description (this client
-//!   may make no requests), which clients can act on.
+//! * A **blocklist** limit (0 per unit, [`LimitReport::blocked`]) is reported like any other:
+//!   `q=0` over its period in `RateLimit-Policy` and `r=0;t=<period>` in `RateLimit` — a true
+//!   description (this client may make no requests), which clients can act on.
+//! * `r` never exceeds `q`: a bucket with a burst above its limit shows at most its limit (see
+//!   [`headers`] on bursts).
 //! * The answer is, in this order of precedence: **limited** (a limit denied on its own counts,
 //!   or the cost can never fit: 429 / `OVER_LIMIT`), **failed** (the store broke in a way
 //!   retrying will not fix: 500), **closed** (the store is away and the limit fails closed:
@@ -30,27 +33,86 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use super::headers::{
+pub mod headers;
+pub mod problem;
+
+use std::time::Duration;
+
+use headers::{
     FLOWGATE_FALLBACK, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET, push_sf_string, push_u64, reset_secs,
+    X_RATELIMIT_RESET, push_sf_string, push_u64, remaining, reset_secs,
 };
-use super::problem::Problem;
+use problem::Problem;
+
 use crate::decision::{Decision, FailMode};
 use crate::store::StoreError;
 
 /// One limit's part in an [`Answer`]: its name, its `RateLimit-Policy` item (formatted once,
-/// e.g. with [`policy_item_value`](super::headers::policy_item_value)), whether it may deny,
-/// and what the store said.
+/// e.g. with [`policy_item_value`](headers::policy_item_value)), whether it may deny, and what
+/// it said.
 #[derive(Debug, Clone, Copy)]
 pub struct LimitReport<'a> {
     /// The limit's name as clients see it.
-    pub name: &'a str,
+    name: &'a str,
     /// Its `RateLimit-Policy` item: `"name";q=100;w=60`.
-    pub policy_item: &'a HeaderValue,
+    policy_item: &'a HeaderValue,
     /// Whether the limit may deny (false for shadow limits, which are not reported).
-    pub enforced: bool,
-    /// The store's answer for this limit.
-    pub result: &'a Result<Decision, StoreError>,
+    enforced: bool,
+    /// What the limit said.
+    said: Said<'a>,
+}
+
+/// What a limit said.
+#[derive(Debug, Clone, Copy)]
+enum Said<'a> {
+    /// The store's answer (or why it had none).
+    Result(&'a Result<Decision, StoreError>),
+    /// A blocklist: nothing is allowed in `period`.
+    Blocked(Duration),
+}
+
+impl<'a> LimitReport<'a> {
+    /// A limit counted in a store, with the store's answer (`result`, as the
+    /// [`pipeline`](crate::pipeline) returns it); `enforced` is false for shadow limits.
+    pub fn new(
+        name: &'a str,
+        policy_item: &'a HeaderValue,
+        enforced: bool,
+        result: &'a Result<Decision, StoreError>,
+    ) -> Self {
+        LimitReport {
+            name,
+            policy_item,
+            enforced,
+            said: Said::Result(result),
+        }
+    }
+
+    /// A blocklist limit (zero units per `period`, e.g. envoyproxy/ratelimit's
+    /// `requests_per_unit: 0`): it denies, and the request may be tried again after `period`.
+    /// `policy_item` is usually [`blocked_policy_item_value`](headers::blocked_policy_item_value).
+    pub fn blocked(
+        name: &'a str,
+        policy_item: &'a HeaderValue,
+        enforced: bool,
+        period: Duration,
+    ) -> Self {
+        LimitReport {
+            name,
+            policy_item,
+            enforced,
+            said: Said::Blocked(period),
+        }
+    }
+}
+
+/// An answer rendered for the protocol at hand ([`Answer::render`]).
+#[derive(Debug)]
+pub enum Rendered {
+    /// The request goes through; add the answer's fields ([`Answer::apply`]) to its response.
+    Pass(Answer),
+    /// The request is refused with this response: problem+json, or a gRPC status for gRPC.
+    Refuse(Response<Bytes>),
 }
 
 /// What an [`Answer`] says about the request.
@@ -90,14 +152,14 @@ impl AnswerKind {
 /// [module docs](self) for the rules.
 ///
 /// ```
-/// use flowgate::http::{answer::{Answer, AnswerKind, LimitReport}, headers::policy_item_value};
+/// use flowgate::answer::{Answer, AnswerKind, LimitReport, headers::policy_item_value};
 /// use flowgate::{clock::ManualClock, Quota, RateLimiter};
 ///
 /// let quota = Quota::per_minute(2);
 /// let limiter = RateLimiter::with_clock(quota, ManualClock::new(0));
 /// let item = policy_item_value("per-ip", &quota);
 /// let (first, _, third) = (Ok(limiter.check()), limiter.check(), Ok(limiter.check()));
-/// let report = |result| LimitReport { name: "per-ip", policy_item: &item, enforced: true, result };
+/// let report = |result| LimitReport::new("per-ip", &item, true, result);
 ///
 /// let allowed = Answer::new([report(&first)], false);
 /// assert_eq!(allowed.kind(), AnswerKind::Allowed);
@@ -205,7 +267,7 @@ impl Answer {
 
     /// The answer for `reports`; with `legacy`, also the `X-RateLimit-*` fields.
     pub fn new<'a>(reports: impl IntoIterator<Item = LimitReport<'a>>, legacy: bool) -> Self {
-        super::scratch::with_buffer(|buffer| Self::with_buffer(reports, legacy, buffer))
+        crate::scratch::with_buffer(|buffer| Self::with_buffer(reports, legacy, buffer))
     }
 
     /// [`new`](Self::new), writing the `RateLimit` value in `buffer` (cleared first), so a hot
@@ -227,17 +289,22 @@ impl Answer {
             if !report.enforced {
                 continue;
             }
-            let decision = match report.result {
-                Ok(d) => d,
-                Err(StoreError::Capacity(_)) => {
+            let blocked;
+            let decision = match report.said {
+                Said::Blocked(period) => {
+                    blocked = Decision::blocked(period);
+                    &blocked
+                }
+                Said::Result(Ok(d)) => d,
+                Said::Result(Err(StoreError::Capacity(_))) => {
                     violated.push(report.name.to_owned());
                     continue;
                 }
-                Err(e) if e.is_transient() => {
+                Said::Result(Err(e)) if e.is_transient() => {
                     unavailable = true;
                     continue;
                 }
-                Err(_) => {
+                Said::Result(Err(_)) => {
                     failed = true;
                     continue;
                 }
@@ -265,21 +332,19 @@ impl Answer {
             let reset = reset_secs(decision);
             push_sf_string(buffer, report.name);
             buffer.push_str(";r=");
-            push_u64(buffer, decision.remaining);
+            let left = remaining(decision);
+            push_u64(buffer, left);
             buffer.push_str(";t=");
             push_u64(buffer, reset);
             if legacy {
                 let binds = match binding {
                     None => true,
                     Some((allowed, [_, remaining, _])) => {
-                        allowed && (!decision.allowed || decision.remaining < remaining)
+                        allowed && (!decision.allowed || left < remaining)
                     }
                 };
                 if binds {
-                    binding = Some((
-                        decision.allowed,
-                        [decision.limit, decision.remaining, reset],
-                    ));
+                    binding = Some((decision.allowed, [decision.limit, left, reset]));
                 }
             }
             if !decision.allowed {
@@ -416,9 +481,10 @@ impl Answer {
         problem_for(self.kind, self.violated.clone(), self.retry_after)
     }
 
-    /// The response that refuses the request — problem+json, or a gRPC status for gRPC
-    /// requests — with [`headers`](Self::headers); `None` when it is allowed.
-    pub fn refusal(self, grpc: bool) -> Option<Response<Bytes>> {
+    /// The answer for the protocol at hand: [`Rendered::Pass`] with the fields for the
+    /// passing response, or [`Rendered::Refuse`] with the response that refuses the request —
+    /// problem+json, or a gRPC status when `grpc` — carrying [`headers`](Self::headers).
+    pub fn render(self, grpc: bool) -> Rendered {
         let Answer {
             kind,
             policy,
@@ -428,7 +494,17 @@ impl Answer {
             retry_after,
             violated,
         } = self;
-        let problem = problem_for(kind, violated, retry_after)?;
+        let Some(problem) = problem_for(kind, violated, retry_after) else {
+            return Rendered::Pass(Answer {
+                kind,
+                policy,
+                limit,
+                legacy,
+                fallback,
+                retry_after,
+                violated: Vec::new(),
+            });
+        };
         let mut response = if grpc {
             problem.into_grpc_response()
         } else {
@@ -452,7 +528,7 @@ impl Answer {
                 headers.insert(name.clone(), value);
             }
         });
-        Some(response)
+        Rendered::Refuse(response)
     }
 }
 
@@ -479,7 +555,7 @@ fn problem_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::headers::{limit_item, policy_item, policy_item_value};
+    use crate::answer::headers::{limit_item, policy_item, policy_item_value};
     use crate::quota::{InsufficientCapacity, Quota};
     use proptest::prelude::any;
     use std::time::Duration;
@@ -506,11 +582,8 @@ mod tests {
             items
                 .iter()
                 .zip(&values)
-                .map(|((name, enforced, result), item)| LimitReport {
-                    name,
-                    policy_item: item,
-                    enforced: *enforced,
-                    result,
+                .map(|((name, enforced, result), item)| {
+                    LimitReport::new(name, item, *enforced, result)
                 }),
             legacy,
         )
@@ -578,16 +651,14 @@ mod tests {
 
     #[test]
     fn blocklists_are_reported_as_a_quota_of_zero() {
-        let item =
-            crate::http::headers::blocked_policy_item_value("banned", Duration::from_secs(60));
-        let result = Ok(Decision::blocked(Duration::from_secs(60)));
+        let item = headers::blocked_policy_item_value("banned", Duration::from_secs(60));
         let a = Answer::new(
-            [LimitReport {
-                name: "banned",
-                policy_item: &item,
-                enforced: true,
-                result: &result,
-            }],
+            [LimitReport::blocked(
+                "banned",
+                &item,
+                true,
+                Duration::from_secs(60),
+            )],
             true,
         );
         assert_eq!(a.kind(), AnswerKind::Limited);
@@ -634,8 +705,8 @@ mod tests {
                 .map(|(l, q)| policy_item_value(&l.0, q))
                 .collect();
             let a = Answer::new(
-                limits.iter().zip(&items).zip(&results).map(|((l, item), result)| LimitReport {
-                    name: &l.0, policy_item: item, enforced: true, result,
+                limits.iter().zip(&items).zip(&results).map(|((l, item), result)| {
+                    LimitReport::new(&l.0, item, true, result)
                 }),
                 true,
             );
@@ -652,9 +723,9 @@ mod tests {
             let binding = decisions
                 .iter()
                 .find(|d| !d.allowed)
-                .or_else(|| decisions.iter().min_by_key(|d| d.remaining))
+                .or_else(|| decisions.iter().min_by_key(|d| headers::remaining(d)))
                 .unwrap();
-            proptest::prop_assert_eq!(a.header("x-ratelimit-remaining").unwrap(), binding.remaining.to_string());
+            proptest::prop_assert_eq!(a.header("x-ratelimit-remaining").unwrap(), headers::remaining(binding).to_string());
             proptest::prop_assert_eq!(a.header("x-ratelimit-reset").unwrap(), reset_secs(binding).to_string());
             let denied: Vec<&&Decision> = decisions.iter().filter(|d| !d.allowed).collect();
             if denied.is_empty() {
