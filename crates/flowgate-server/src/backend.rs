@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use flowgate::clock::{Clock, PreciseClock};
 use flowgate::local::TableStats;
-use flowgate::store::{DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
+use flowgate::store::{Ask, DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
 
 /// The service's store: one [`DynStore`] that every request goes to, and — for a shared store

@@ -183,8 +183,9 @@ fn decide(domain: &str, descriptors: &[Descriptor], hits: u64) {
         "one status per descriptor"
     );
     let answer = answer::answer(&verdict, &f.items);
-    let _ = answer.clone().refusal(false);
-    if let Ok(response) = rls::response(&verdict, answer) {
+    let _ = answer.clone().render(false);
+    if let Ok(answer) = answer.decided() {
+        let response = rls::response(&verdict, answer);
         assert_eq!(response.statuses.len(), descriptors.len());
         let _ = serde_json::to_vec(&rls::json::JsonResponse::from(&response));
     }
@@ -195,25 +196,25 @@ pub fn rls_proto(data: &[u8]) {
     let Ok(request) = RateLimitRequest::decode(data) else {
         return;
     };
-    if let Ok((domain, descriptors, hits)) = rls::parse_request(request, &InputLimits::default()) {
-        decide(&domain, &descriptors, hits);
+    if let Ok(request) = rls::parse_request(request, &InputLimits::default()) {
+        decide(&request.domain, &request.descriptors, request.hits_addend);
         // The same descriptors under the fuzzing domain, so matching is reached whatever the
         // domain was.
-        decide("fuzz", &descriptors, hits);
+        decide("fuzz", &request.descriptors, request.hits_addend);
     }
 }
 
 /// A JSON body for `POST /json` and for `POST /v1/check`.
 pub fn json(data: &[u8]) {
-    for (domain, descriptors, hits) in [
+    for request in [
         crate::api::http::parse_json(data, &InputLimits::default()),
         crate::api::http::check::parse_check(data, &InputLimits::default()),
     ]
     .into_iter()
     .flatten()
     {
-        decide(&domain, &descriptors, hits);
-        decide("fuzz", &descriptors, hits);
+        decide(&request.domain, &request.descriptors, request.hits_addend);
+        decide("fuzz", &request.descriptors, request.hits_addend);
     }
 }
 

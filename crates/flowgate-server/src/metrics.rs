@@ -581,9 +581,10 @@ impl Metrics {
         detail: impl FnOnce() -> String,
     ) {
         let decision = match &verdict.status {
-            Status::Checked(decision) => Some(decision),
-            Status::Failed(StoreError::Capacity(_)) => None,
-            Status::Failed(e) => {
+            Status::Counted(Ok(decision)) => Some(decision),
+            // Denied without counts: a blocklist, or a cost that can never fit.
+            Status::Blocked { .. } | Status::Counted(Err(StoreError::Capacity(_))) => None,
+            Status::Counted(Err(e)) => {
                 let kind = match e {
                     StoreError::Timeout(_) => "timeout",
                     StoreError::Unavailable(_) => "unavailable",

@@ -226,17 +226,14 @@ impl flowgate::store::Store for DownStore {
 
     async fn refund(
         &self,
-        _key: &str,
-        _quota: &flowgate::Quota,
-        _units: u64,
+        _ask: flowgate::store::Ask<'_>,
     ) -> Result<(), flowgate::store::StoreError> {
         Ok(())
     }
 
     async fn reset(
         &self,
-        _key: &str,
-        _quota: &flowgate::Quota,
+        _ask: flowgate::store::Ask<'_>,
     ) -> Result<(), flowgate::store::StoreError> {
         Ok(())
     }

@@ -40,8 +40,8 @@ use axum::extract::ws::{CloseFrame, Message as Frame, Utf8Bytes, WebSocket, WebS
 use axum::extract::{FromRequestParts, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use flowgate::answer::problem::Problem;
 use flowgate::http::key::{ClientIp, KeyExtractor};
-use flowgate::http::problem::Problem;
 use flowgate::store::MemoryStore;
 use flowgate::ws::{Client, Close, Message, Refusal, Session, Verdict, WsLimiter};
 use http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};

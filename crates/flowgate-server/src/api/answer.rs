@@ -2,11 +2,9 @@
 //! `POST /json`, `POST /v1/check` and the gateway — renders through here and the library's
 //! one renderer, so they send the same fields, `Retry-After` and fallback marker.
 
-use flowgate::Decision;
+use flowgate::answer::headers::{blocked_policy_item_value, policy_item_value};
+use flowgate::answer::{Answer, LimitReport};
 use flowgate::envoy::{AppliedLimit, Rate, Rule, Status, Verdict};
-use flowgate::http::answer::{Answer, LimitReport};
-use flowgate::http::headers::{blocked_policy_item_value, policy_item_value};
-use flowgate::store::StoreError;
 use http::HeaderValue;
 
 /// The name a limit is reported under: its `name`, else its rule path, else `override`.
@@ -37,41 +35,30 @@ fn item(name: &str, rate: Rate) -> HeaderValue {
 
 /// The answer to `verdict`; `items` are the running configuration's [`policy_items`].
 pub fn answer(verdict: &Verdict<'_>, items: &[HeaderValue]) -> Answer {
-    // Limit overrides have no item formatted in advance.
-    let overrides: Vec<Option<HeaderValue>> = verdict
+    // Limit overrides have no item formatted in advance: theirs, in request order.
+    let own: Vec<HeaderValue> = verdict
         .descriptors
         .iter()
-        .map(|d| match d.applied {
+        .filter_map(|d| match d.applied {
             Some(applied @ AppliedLimit::Override(..)) => Some(item("override", applied.rate())),
             _ => None,
         })
         .collect();
-    let results: Vec<Option<Result<Decision, StoreError>>> = verdict
-        .descriptors
-        .iter()
-        .map(|d| match &d.status {
-            Status::Checked(decision) => Some(Ok(*decision)),
-            Status::Failed(e) => Some(Err(e.clone())),
+    let mut own = own.iter();
+    let reports = verdict.descriptors.iter().filter_map(|d| {
+        let applied = d.applied.as_ref()?;
+        let policy_item = match applied {
+            AppliedLimit::Rule(rule) => items.get(rule.id)?,
+            AppliedLimit::Override(..) => own.next()?,
+        };
+        let (name, enforced) = (limit_name(applied), !applied.shadow_mode());
+        match &d.status {
+            Status::Counted(result) => Some(LimitReport::new(name, policy_item, enforced, result)),
+            Status::Blocked { period } => {
+                Some(LimitReport::blocked(name, policy_item, enforced, *period))
+            }
             _ => None,
-        })
-        .collect();
-    let reports = verdict
-        .descriptors
-        .iter()
-        .zip(&results)
-        .zip(&overrides)
-        .filter_map(|((d, result), own)| {
-            let (applied, result) = (d.applied.as_ref()?, result.as_ref()?);
-            let policy_item = match applied {
-                AppliedLimit::Rule(rule) => items.get(rule.id)?,
-                AppliedLimit::Override(..) => own.as_ref()?,
-            };
-            Some(LimitReport {
-                name: limit_name(applied),
-                policy_item,
-                enforced: !applied.shadow_mode(),
-                result,
-            })
-        });
+        }
+    });
     Answer::new(reports, false)
 }

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use flowgate::http::answer::AnswerKind;
+use flowgate::answer::AnswerKind;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tonic::{Request, Response, Status};
@@ -51,22 +51,29 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let (domain, descriptors, hits) =
-            rls::parse_request(request.into_inner(), self.service.input_limits())
-                .map_err(|e| Status::invalid_argument(e.0))?;
+        let request = rls::parse_request(request.into_inner(), self.service.input_limits())
+            .map_err(|e| Status::invalid_argument(e.0))?;
         let active = self.service.active();
         let verdict = self
             .service
-            .decide(&active, Api::Grpc, &domain, &descriptors, hits)
+            .decide(
+                &active,
+                Api::Grpc,
+                &request.domain,
+                &request.descriptors,
+                request.hits_addend,
+            )
             .await;
-        rls::response(&verdict, active.answer(&verdict))
-            .map(Response::new)
-            .map_err(store_status)
+        let answer = active.answer(&verdict);
+        match answer.kind() {
+            kind @ (AnswerKind::Unavailable | AnswerKind::Failed) => Err(store_status(kind)),
+            _ => Ok(Response::new(rls::response(&verdict, answer))),
+        }
     }
 }
 
 /// Streams (calls) one client connection may have open at once; more are refused by HTTP/2
-/// HTTP/2 (`REFUSED_STREAM`). Envoy opens far fewer per connection.
+/// (`REFUSED_STREAM`). Envoy opens far fewer per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 
 /// Serves `service` (a tonic-generated gRPC server: [`Rls::server`], or the no-op's) over

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use ::http::HeaderValue;
 use arc_swap::ArcSwap;
+use flowgate::answer::Answer;
 use flowgate::envoy::{Descriptor, Verdict};
-use flowgate::http::answer::Answer;
 
 use flowgate::top::TopKeys;
 
@@ -236,7 +236,8 @@ impl Service {
         &self.backend
     }
 
-    /// Decides a request against `active` and records its metrics.
+    /// Decides a request — `descriptors` of `domain`, `hits_addend` each unless a descriptor
+    /// says (0 means 1) — against `active`, and records its metrics.
     pub async fn decide<'a>(
         &self,
         active: &'a Active,

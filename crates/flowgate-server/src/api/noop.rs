@@ -51,9 +51,9 @@ impl RateLimitService for NoopRls {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let (_, descriptors, _) = rls::parse_request(request.into_inner(), &InputLimits::default())
+        let request = rls::parse_request(request.into_inner(), &InputLimits::default())
             .map_err(|e| tonic::Status::invalid_argument(e.0))?;
-        Ok(tonic::Response::new(response(descriptors.len())))
+        Ok(tonic::Response::new(response(request.descriptors.len())))
     }
 }
 
@@ -67,9 +67,9 @@ pub fn router() -> Router {
 
 async fn json(body: Bytes) -> Response {
     match parse_json(&body, &InputLimits::default()) {
-        Ok((_, descriptors, _)) => json_response(
+        Ok(request) => json_response(
             StatusCode::OK,
-            &JsonResponse::from(&response(descriptors.len())),
+            &JsonResponse::from(&response(request.descriptors.len())),
         ),
         Err(problem) => problem.into_response(),
     }
@@ -77,9 +77,10 @@ async fn json(body: Bytes) -> Response {
 
 async fn check(body: Bytes) -> Response {
     match parse_check(&body, &InputLimits::default()) {
-        Ok((_, descriptors, _)) => {
-            json_response(StatusCode::OK, &CheckResponse::unmatched(descriptors.len()))
-        }
+        Ok(request) => json_response(
+            StatusCode::OK,
+            &CheckResponse::unmatched(request.descriptors.len()),
+        ),
         Err(problem) => problem.into_response(),
     }
 }

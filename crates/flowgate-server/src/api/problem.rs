@@ -1,10 +1,10 @@
 //! RFC 9457 problem details (`application/problem+json`) for malformed requests to the HTTP
-//! API: the library's [`flowgate::http::problem::Problem`] (the same body the tower layer and
+//! API: the library's [`flowgate::answer::problem::Problem`] (the same body the tower layer and
 //! the gateway send) with the service's `bad-request` type. Store failures are rendered by
-//! the one renderer ([`flowgate::http::answer`]).
+//! the one renderer ([`flowgate::answer`]).
 
 use axum::response::{IntoResponse, Response};
-use flowgate::http::problem::Problem as Body;
+use flowgate::answer::problem::Problem as Body;
 use http::StatusCode;
 
 /// A problem the HTTP API answers with.

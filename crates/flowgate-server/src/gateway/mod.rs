@@ -40,9 +40,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flowgate::http::answer::{Answer, AnswerKind};
+use flowgate::answer::problem::Problem;
+use flowgate::answer::{Answer, AnswerKind, Rendered};
 use flowgate::http::key::PeerAddr;
-use flowgate::http::problem::Problem;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
@@ -219,10 +219,14 @@ impl Gateway {
             _ => GatewayOutcome::Unavailable,
         };
         self.service.metrics().gateway_response(outcome);
-        let response = answer.refusal(false).unwrap_or_else(|| {
-            Problem::status(StatusCode::INTERNAL_SERVER_ERROR, "no refusal").into_response()
-        });
-        response.map(|b| Either::Right(Full::new(b)))
+        match answer.render(false) {
+            Rendered::Refuse(response) => response.map(|b| Either::Right(Full::new(b))),
+            // Only answers that do not allow are refused here.
+            Rendered::Pass(_) => self.problem(
+                GatewayOutcome::Unavailable,
+                Problem::status(StatusCode::INTERNAL_SERVER_ERROR, "no refusal"),
+            ),
+        }
     }
 
     /// A problem response, counted under `outcome`. A malformed request (`Rejected`) also

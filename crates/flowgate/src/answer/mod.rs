@@ -481,6 +481,20 @@ impl Answer {
         problem_for(self.kind, self.violated.clone(), self.retry_after)
     }
 
+    /// For decision APIs that answer limited requests with their own body (the service's
+    /// `/json` and `/v1/check`): `Ok(self)` when the limits decided — allowed, limited or
+    /// closed — and `Err` with the 503/500 problem response when a store could not answer and
+    /// no fail mode decided.
+    pub fn decided(self) -> Result<Answer, Response<Bytes>> {
+        match self.kind {
+            AnswerKind::Unavailable | AnswerKind::Failed => match self.render(false) {
+                Rendered::Refuse(response) => Err(response),
+                Rendered::Pass(answer) => Ok(answer),
+            },
+            _ => Ok(self),
+        }
+    }
+
     /// The answer for the protocol at hand: [`Rendered::Pass`] with the fields for the
     /// passing response, or [`Rendered::Refuse`] with the response that refuses the request —
     /// problem+json, or a gRPC status when `grpc` — carrying [`headers`](Self::headers).

@@ -86,6 +86,10 @@ pub struct Verdict<'r> {
 /// matches), the request is denied and no unit is consumed. An invalid limit override (a rate
 /// above one per nanosecond) is reported as a [`StoreError::Backend`] describing it.
 ///
+/// Rules' `fail` modes are applied by the store: wrap a store that can be away (Redis) in a
+/// [`FallbackStore`](crate::store::FallbackStore) (see [`Store::applies_fail_modes`]); over
+/// a bare one, its errors are reported as they are.
+///
 /// A request with one counted limit, in a store that answers at once ([`Store::check_now`]:
 /// the memory store, a fallback store over it), is decided without allocating its key.
 pub async fn check<'r, S: Store + ?Sized>(

@@ -70,6 +70,33 @@ impl Unit {
     pub fn from_period(period: Duration) -> Option<Unit> {
         Unit::ALL.into_iter().find(|u| u.duration() == period)
     }
+
+    /// The unit's number in Envoy's protos (`envoy.type.v3.RateLimitUnit`, and the RLS
+    /// response's `RateLimit.Unit`, which number them alike; 0 is `UNKNOWN`).
+    ///
+    /// ```
+    /// use flowgate::envoy::Unit;
+    /// assert_eq!(Unit::Week.proto_number(), 7);
+    /// assert_eq!(Unit::from_proto_number(7), Some(Unit::Week));
+    /// assert_eq!(Unit::from_proto_number(0), None);
+    /// ```
+    pub const fn proto_number(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// The unit numbered `number` in Envoy's protos; `None` for `UNKNOWN` (0) and numbers
+    /// the protos do not define.
+    pub fn from_proto_number(number: i32) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.proto_number() == number)
+    }
 }
 
 impl fmt::Display for Unit {

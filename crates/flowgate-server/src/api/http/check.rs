@@ -7,18 +7,22 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use flowgate::FailMode;
-use flowgate::envoy::{
-    AppliedLimit, Descriptor, DescriptorVerdict, Entry, LimitOverride, Rate, Status, Unit, Verdict,
-};
-use flowgate::http::answer::{Answer, AnswerKind};
+use flowgate::answer::Answer;
+use flowgate::envoy::{AppliedLimit, DescriptorVerdict, Rate, Status, Verdict};
 use serde::{Deserialize, Serialize};
 
 use super::super::answer::limit_name;
 use super::super::limits::InputLimits;
 use super::super::problem::Problem;
+use super::super::rls::json::{fits_u32, override_proto, unit_number};
+use super::super::rls::{self, InvalidRequest, RlsRequest};
 use super::super::{Active, Service};
-use super::{answer_response, json_response};
+use super::json_response;
 use crate::metrics::Api;
 
 /// `/v1/check` request body.
@@ -169,7 +173,7 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
         error: None,
     };
     match &d.status {
-        Status::Checked(decision) => {
+        Status::Counted(Ok(decision)) => {
             result.status = if decision.allowed { "ok" } else { "over_limit" };
             result.limit = Some(decision.limit);
             result.burst = Some(decision.burst);
@@ -178,7 +182,15 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
             result.retry_after_ms = Some(millis(decision.retry_after));
             result.fallback = decision.fallback.map(FailMode::name);
         }
-        Status::Failed(e) => {
+        Status::Blocked { period } => {
+            result.status = "over_limit";
+            result.limit = Some(0);
+            result.burst = Some(0);
+            result.remaining = Some(0);
+            result.reset_after_ms = Some(millis(*period));
+            result.retry_after_ms = Some(millis(*period));
+        }
+        Status::Counted(Err(e)) => {
             result.status = if d.over_limit() {
                 "over_limit"
             } else {
@@ -191,62 +203,53 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
         Status::Unlimited => result.status = "unlimited",
         Status::Unmatched => result.status = "unmatched",
         Status::Replaced => result.status = "replaced",
+        _ => result.status = "error",
     }
     result
 }
 
-pub(crate) fn parse_check(
-    body: &[u8],
-    limits: &InputLimits,
-) -> Result<(String, Vec<Descriptor>, u64), Problem> {
+/// The `/v1/check` request, through the same validation as gRPC and `/json`
+/// ([`rls::parse_request`]), or the 400 for it.
+pub(crate) fn parse_check(body: &[u8], limits: &InputLimits) -> Result<RlsRequest, Problem> {
     let request: CheckRequest = serde_json::from_slice(body)
         .map_err(|e| Problem::bad_request(format!("invalid check request JSON: {e}")))?;
-    if request.domain.is_empty() {
-        return Err(Problem::bad_request("`domain` must not be empty"));
-    }
-    if request.descriptors.is_empty() {
-        return Err(Problem::bad_request("`descriptors` must not be empty"));
-    }
-    limits
-        .check(
-            &request.domain,
-            request
-                .descriptors
-                .iter()
-                .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))),
-        )
-        .map_err(|e| Problem::bad_request(e.0))?;
-    let descriptors = request
-        .descriptors
-        .into_iter()
-        .map(|d| {
-            let limit = d
-                .limit
-                .map(|o| {
-                    o.unit
-                        .parse::<Unit>()
-                        .map(|unit| LimitOverride {
-                            requests_per_unit: o.requests_per_unit,
-                            unit,
+    request
+        .into_proto()
+        .and_then(|request| rls::parse_request(request, limits))
+        .map_err(|e| Problem::bad_request(e.0))
+}
+
+impl CheckRequest {
+    /// The protobuf request (numbers the proto cannot carry are refused as on `/json`).
+    fn into_proto(self) -> Result<RateLimitRequest, InvalidRequest> {
+        let descriptors = self
+            .descriptors
+            .into_iter()
+            .map(|d| {
+                Ok(RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|e| Entry {
+                            key: e.key,
+                            value: e.value,
                         })
-                        .map_err(|e| Problem::bad_request(e.to_string()))
+                        .collect(),
+                    limit: d
+                        .limit
+                        .map(|o| override_proto(o.requests_per_unit, unit_number(&o.unit)?))
+                        .transpose()?,
+                    hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                    is_negative_hits: false,
                 })
-                .transpose()?;
-            Ok(Descriptor {
-                entries: d
-                    .entries
-                    .into_iter()
-                    .map(|e| Entry {
-                        key: e.key,
-                        value: e.value,
-                    })
-                    .collect(),
-                limit,
-                hits_addend: d.hits_addend,
             })
+            .collect::<Result<_, InvalidRequest>>()?;
+        Ok(RateLimitRequest {
+            domain: self.domain,
+            descriptors,
+            hits_addend: fits_u32(self.hits_addend, "hits_addend")?,
         })
-        .collect::<Result<Vec<_>, Problem>>()?;
-    Ok((request.domain, descriptors, request.hits_addend))
+    }
 }
 
 /// `POST /v1/check`.
@@ -271,13 +274,19 @@ pub(crate) async fn check(
         Ok(body) => body,
         Err(problem) => return problem.into_response(),
     };
-    let (domain, descriptors, hits) = match parse_check(&body, service.input_limits()) {
-        Ok(parsed) => parsed,
+    let request = match parse_check(&body, service.input_limits()) {
+        Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };
     let active = service.active();
     let verdict = service
-        .decide(&active, Api::Check, &domain, &descriptors, hits)
+        .decide(
+            &active,
+            Api::Check,
+            &request.domain,
+            &request.descriptors,
+            request.hits_addend,
+        )
         .await;
     render(&active, &verdict, active.answer(&verdict))
 }
@@ -286,10 +295,11 @@ pub(crate) async fn check(
 /// fails closed) with the answer's headers; a store that could not answer is a problem
 /// (503/500), as on the other front ends.
 pub(crate) fn render(active: &Active, verdict: &Verdict<'_>, answer: Answer) -> Response {
+    let answer = match answer.decided() {
+        Ok(answer) => answer,
+        Err(failure) => return failure.map(axum::body::Body::from),
+    };
     let kind = answer.kind();
-    if matches!(kind, AnswerKind::Unavailable | AnswerKind::Failed) {
-        return answer_response(answer);
-    }
     let body = CheckResponse {
         allowed: verdict.allowed,
         config_version: active.version,

@@ -28,13 +28,12 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use flowgate::http::answer::{Answer, AnswerKind};
 use serde::Serialize;
 
 use super::Service;
 use super::limits::InputLimits;
 use super::problem::Problem;
-use super::rls::{self, json::JsonRequest, json::JsonResponse};
+use super::rls::{self, RlsRequest, json::JsonRequest, json::JsonResponse};
 use crate::metrics::Api;
 
 /// How long `/readyz` waits for the store.
@@ -125,19 +124,9 @@ pub(crate) fn json_response(status: StatusCode, body: &impl Serialize) -> Respon
     response
 }
 
-/// The refusal an answer stands for, as an axum response (a plain 500 if it allows).
-pub(crate) fn answer_response(answer: Answer) -> Response {
-    match answer.refusal(false) {
-        Some(response) => response.map(axum::body::Body::from),
-        None => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
-}
-
-/// The `/json` request's domain, descriptors and hits, or the 400 for it.
-pub(crate) fn parse_json(
-    body: &[u8],
-    limits: &InputLimits,
-) -> Result<(String, Vec<flowgate::envoy::Descriptor>, u64), Problem> {
+/// The `/json` request, through the same validation as gRPC and `/v1/check`
+/// ([`rls::parse_request`]), or the 400 for it.
+pub(crate) fn parse_json(body: &[u8], limits: &InputLimits) -> Result<RlsRequest, Problem> {
     let request = serde_json::from_slice::<JsonRequest>(body)
         .map_err(|e| Problem::bad_request(format!("invalid RateLimitRequest JSON: {e}")))?;
     request
@@ -168,20 +157,25 @@ pub(crate) async fn json(
         Ok(body) => body,
         Err(problem) => return problem.into_response(),
     };
-    let (domain, descriptors, hits) = match parse_json(&body, service.input_limits()) {
-        Ok(parsed) => parsed,
+    let request = match parse_json(&body, service.input_limits()) {
+        Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };
     let active = service.active();
     let verdict = service
-        .decide(&active, Api::Json, &domain, &descriptors, hits)
+        .decide(
+            &active,
+            Api::Json,
+            &request.domain,
+            &request.descriptors,
+            request.hits_addend,
+        )
         .await;
-    let answer = active.answer(&verdict);
-    let kind = answer.kind();
-    if matches!(kind, AnswerKind::Unavailable | AnswerKind::Failed) {
-        return answer_response(answer);
-    }
-    let status = if kind.over_limit() {
+    let answer = match active.answer(&verdict).decided() {
+        Ok(answer) => answer,
+        Err(failure) => return failure.map(axum::body::Body::from),
+    };
+    let status = if answer.kind().over_limit() {
         StatusCode::TOO_MANY_REQUESTS
     } else {
         StatusCode::OK
@@ -189,14 +183,10 @@ pub(crate) async fn json(
     // The answer's fields go in the body (`responseHeadersToAdd`, as envoyproxy/ratelimit
     // sends them) and on the response itself, as on `/v1/check`.
     let fields = answer.clone();
-    match rls::response(&verdict, answer) {
-        Ok(response) => {
-            let mut response = json_response(status, &JsonResponse::from(&response));
-            fields.apply(response.headers_mut());
-            response
-        }
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
+    let response = rls::response(&verdict, answer);
+    let mut response = json_response(status, &JsonResponse::from(&response));
+    fields.apply(response.headers_mut());
+    response
 }
 
 /// `GET /readyz`: ready while a configuration is loaded and the server is not draining. The

@@ -93,11 +93,9 @@ struct JsonOverride {
 impl JsonRequest {
     /// The protobuf request.
     pub fn into_proto(self) -> Result<RateLimitRequest, InvalidRequest> {
-        let hits_addend = self.hits_addend.map_or(0, JsonInt::get);
         Ok(RateLimitRequest {
             domain: self.domain,
-            hits_addend: u32::try_from(hits_addend)
-                .map_err(|_| InvalidRequest("hits_addend must fit in 32 bits".into()))?,
+            hits_addend: fits_u32(self.hits_addend.map_or(0, JsonInt::get), "hits_addend")?,
             descriptors: self
                 .descriptors
                 .into_iter()
@@ -108,24 +106,9 @@ impl JsonRequest {
                             let unit = match o.unit {
                                 None => 0,
                                 Some(JsonEnum::Number(n)) => n,
-                                Some(JsonEnum::Name(name)) => match name.parse::<Unit>() {
-                                    Ok(Unit::Second) => 1,
-                                    Ok(Unit::Minute) => 2,
-                                    Ok(Unit::Hour) => 3,
-                                    Ok(Unit::Day) => 4,
-                                    Ok(Unit::Month) => 5,
-                                    Ok(Unit::Year) => 6,
-                                    Ok(Unit::Week) => 7,
-                                    Err(e) => return Err(InvalidRequest(e.to_string())),
-                                },
+                                Some(JsonEnum::Name(name)) => unit_number(&name)?,
                             };
-                            let requests = o.requests_per_unit.map_or(0, JsonInt::get);
-                            Ok(RateLimitOverride {
-                                requests_per_unit: u32::try_from(requests).map_err(|_| {
-                                    InvalidRequest("requests_per_unit must fit in 32 bits".into())
-                                })?,
-                                unit,
-                            })
+                            override_proto(o.requests_per_unit.map_or(0, JsonInt::get), unit)
                         })
                         .transpose()?;
                     Ok(RateLimitDescriptor {
@@ -145,6 +128,29 @@ impl JsonRequest {
                 .collect::<Result<_, _>>()?,
         })
     }
+}
+
+/// `n` as the proto's `uint32` field `name`, or the 400 every front end gives for it.
+pub(crate) fn fits_u32(n: u64, name: &str) -> Result<u32, InvalidRequest> {
+    u32::try_from(n).map_err(|_| InvalidRequest(format!("{name} must fit in 32 bits")))
+}
+
+/// A unit named in JSON (`"minute"`, `"MINUTE"`) as its proto number.
+pub(crate) fn unit_number(name: &str) -> Result<i32, InvalidRequest> {
+    name.parse::<Unit>()
+        .map(Unit::proto_number)
+        .map_err(|e| InvalidRequest(e.to_string()))
+}
+
+/// A descriptor's limit override as the proto carries it.
+pub(crate) fn override_proto(
+    requests_per_unit: u64,
+    unit: i32,
+) -> Result<RateLimitOverride, InvalidRequest> {
+    Ok(RateLimitOverride {
+        requests_per_unit: fits_u32(requests_per_unit, "requests_per_unit")?,
+        unit,
+    })
 }
 
 /// `RateLimitResponse` in canonical proto-JSON: lowerCamelCase names, enums by name, default

@@ -17,10 +17,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use flowgate::answer::Answer;
 use flowgate::envoy::{
     AppliedLimit, Descriptor, DescriptorVerdict, Entry, LimitOverride, Status, Unit, Verdict,
 };
-use flowgate::http::answer::{Answer, AnswerKind};
 
 pub mod json;
 
@@ -31,13 +31,25 @@ use super::limits::InputLimits;
 #[error("{0}")]
 pub struct InvalidRequest(pub String);
 
+/// A rate-limit request as every front end takes it: gRPC, `POST /json` and `POST /v1/check`
+/// all parse into this, through [`parse_request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RlsRequest {
+    /// The domain.
+    pub domain: String,
+    /// The descriptors.
+    pub descriptors: Vec<Descriptor>,
+    /// The request-level `hits_addend` (0 means 1).
+    pub hits_addend: u64,
+}
+
 /// The request's domain, descriptors and request-level `hits_addend`, validated as
 /// envoyproxy/ratelimit does (a domain and at least one descriptor are required) and within
-/// `limits`.
+/// `limits`. The one way into the service: the JSON front ends build the proto first.
 pub fn parse_request(
     request: RateLimitRequest,
     limits: &InputLimits,
-) -> Result<(String, Vec<Descriptor>, u64), InvalidRequest> {
+) -> Result<RlsRequest, InvalidRequest> {
     if request.domain.is_empty() {
         return Err(InvalidRequest("rate limit domain must not be empty".into()));
     }
@@ -58,7 +70,11 @@ pub fn parse_request(
         .into_iter()
         .map(descriptor_from_proto)
         .collect::<Result<_, _>>()?;
-    Ok((request.domain, descriptors, u64::from(request.hits_addend)))
+    Ok(RlsRequest {
+        domain: request.domain,
+        descriptors,
+        hits_addend: u64::from(request.hits_addend),
+    })
 }
 
 fn descriptor_from_proto(d: RateLimitDescriptor) -> Result<Descriptor, InvalidRequest> {
@@ -92,33 +108,16 @@ fn descriptor_from_proto(d: RateLimitDescriptor) -> Result<Descriptor, InvalidRe
 
 /// `envoy.type.v3.RateLimitUnit` → [`Unit`].
 fn override_unit(unit: i32) -> Result<Unit, InvalidRequest> {
-    match unit {
-        1 => Ok(Unit::Second),
-        2 => Ok(Unit::Minute),
-        3 => Ok(Unit::Hour),
-        4 => Ok(Unit::Day),
-        5 => Ok(Unit::Month),
-        6 => Ok(Unit::Year),
-        7 => Ok(Unit::Week),
-        other => Err(InvalidRequest(format!(
-            "limit override has no valid unit ({other})"
-        ))),
-    }
+    Unit::from_proto_number(unit)
+        .ok_or_else(|| InvalidRequest(format!("limit override has no valid unit ({unit})")))
 }
 
 /// The response `unit` for a period: the matching unit, or `UNKNOWN` for periods that are not
 /// one (e.g. `period: 90s`).
-fn proto_unit(period: Option<Duration>) -> ProtoUnit {
-    match period.and_then(Unit::from_period) {
-        Some(Unit::Second) => ProtoUnit::Second,
-        Some(Unit::Minute) => ProtoUnit::Minute,
-        Some(Unit::Hour) => ProtoUnit::Hour,
-        Some(Unit::Day) => ProtoUnit::Day,
-        Some(Unit::Week) => ProtoUnit::Week,
-        Some(Unit::Month) => ProtoUnit::Month,
-        Some(Unit::Year) => ProtoUnit::Year,
-        None => ProtoUnit::Unknown,
-    }
+fn proto_unit(period: Option<Duration>) -> i32 {
+    period
+        .and_then(Unit::from_period)
+        .map_or(ProtoUnit::Unknown as i32, Unit::proto_number)
 }
 
 fn saturate(n: u64) -> u32 {
@@ -136,26 +135,30 @@ fn status_of(d: &DescriptorVerdict<'_>) -> DescriptorStatus {
     let current_limit = |applied: &AppliedLimit<'_>, limit: u64| RateLimit {
         name: applied.name().unwrap_or_default().to_owned(),
         requests_per_unit: saturate(limit),
-        unit: proto_unit(applied.rate().period()) as i32,
+        unit: proto_unit(applied.rate().period()),
     };
+    let code = if d.allows() {
+        Code::Ok
+    } else {
+        Code::OverLimit
+    } as i32;
     match (&d.status, &d.applied) {
-        (Status::Checked(decision), Some(applied)) => DescriptorStatus {
-            code: if d.allows() {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            } as i32,
+        (Status::Counted(Ok(decision)), Some(applied)) => DescriptorStatus {
+            code,
             current_limit: Some(current_limit(applied, decision.limit)),
-            limit_remaining: saturate(decision.remaining),
+            limit_remaining: saturate(flowgate::answer::headers::remaining(decision)),
             duration_until_reset: Some(proto_duration(decision.reset_after)),
             quota: None,
         },
-        (Status::Failed(_), Some(applied)) => DescriptorStatus {
-            code: if d.allows() {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            } as i32,
+        (Status::Blocked { period }, Some(applied)) => DescriptorStatus {
+            code,
+            current_limit: Some(current_limit(applied, 0)),
+            limit_remaining: 0,
+            duration_until_reset: Some(proto_duration(*period)),
+            quota: None,
+        },
+        (Status::Counted(Err(_)), Some(applied)) => DescriptorStatus {
+            code,
             current_limit: Some(current_limit(
                 applied,
                 applied.rate().limit().unwrap_or_default(),
@@ -177,17 +180,13 @@ fn status_of(d: &DescriptorVerdict<'_>) -> DescriptorStatus {
 }
 
 /// The RLS response for a verdict and its [`Answer`]: `overall_code` `OVER_LIMIT` when a limit
-/// denied (or fails closed), the answer's headers in `response_headers_to_add`. An `Err` (the
-/// answer's kind) when a store could not answer and no fail mode decided, which the caller
-/// reports as an error (gRPC `UNAVAILABLE`/`INTERNAL`, HTTP 503/500) so that Envoy applies its
-/// own `failure_mode_deny`.
-pub fn response(verdict: &Verdict<'_>, answer: Answer) -> Result<RateLimitResponse, AnswerKind> {
-    let kind = answer.kind();
-    if matches!(kind, AnswerKind::Unavailable | AnswerKind::Failed) {
-        return Err(kind);
-    }
-    Ok(RateLimitResponse {
-        overall_code: if kind.over_limit() {
+/// denied (or fails closed), the answer's headers in `response_headers_to_add`. For an answer
+/// the limits decided; a store that could not answer (and no fail mode decided) is reported
+/// by the caller as an error instead (gRPC `UNAVAILABLE`/`INTERNAL`, HTTP 503/500), so that
+/// Envoy applies its own `failure_mode_deny`.
+pub fn response(verdict: &Verdict<'_>, answer: Answer) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: if answer.kind().over_limit() {
             Code::OverLimit
         } else {
             Code::Ok
@@ -202,5 +201,5 @@ pub fn response(verdict: &Verdict<'_>, answer: Answer) -> Result<RateLimitRespon
             })
             .collect(),
         ..Default::default()
-    })
+    }
 }

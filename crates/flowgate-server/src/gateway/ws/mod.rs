@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use flowgate::http::headers::policy_item_value;
+use flowgate::answer::headers::policy_item_value;
 use flowgate::ws::{WsLimiter, WsStatsSnapshot};
 use http::{HeaderValue, Request, Response};
 use http_body_util::Full;

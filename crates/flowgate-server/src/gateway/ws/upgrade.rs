@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
+use flowgate::answer::Rendered;
+use flowgate::answer::problem::Problem;
 use flowgate::http::key::{KeyExtractor, KeyRejection, PeerAddr};
-use flowgate::http::problem::Problem;
 use flowgate::ws::Client;
 use http::header::{
     CONNECTION, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_KEY,
@@ -111,10 +112,11 @@ pub(super) async fn handle(
         Ok(session) => session,
         Err(refusal) => {
             let answer = refusal.answer(super::CONNECT_LIMIT_NAME, &runtime.connect_item);
-            return answer
-                .refusal(false)
-                .map(|r| r.map(Full::new))
-                .unwrap_or_else(|| problem(StatusCode::TOO_MANY_REQUESTS, "refused"));
+            return match answer.render(false) {
+                Rendered::Refuse(response) => response.map(Full::new),
+                // A refusal's answer refuses; should one ever allow, the refusal stands alone.
+                Rendered::Pass(_) => problem(StatusCode::TOO_MANY_REQUESTS, "refused"),
+            };
         }
     };
     let outbound = match &runtime.outbound {
