@@ -22,12 +22,14 @@
 //!   503, `OVER_LIMIT` for Envoy), **unavailable** (a store error no fallback handled: 503, a
 //!   gRPC error for Envoy so that its `failure_mode_deny` applies), else **allowed**.
 //! * `Retry-After` is the longest wait among the enforced denials, in whole seconds rounded up,
-//!   at least 1; for a store that is away, the time until it is tried again (at least 1).
+//!   at least 1; for a store that is away, the time until it is tried again (at least 1). A
+//!   cost above a limit's capacity can never be granted: that refusal has no `Retry-After`
+//!   (waiting does not help), and its problem says so.
 //! * `Flowgate-Fallback` names the fail mode that decided part of the answer: `closed` over
 //!   `open` over `local`.
 //! * The legacy `X-RateLimit-*` fields (optional) show the binding limit: the first enforced
 //!   denial, else the limit with the fewest units remaining.
-//! * Denied answers carry `Cache-Control: no-store`.
+//! * Every answer but an allowing one carries `Cache-Control: no-store`.
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -285,6 +287,8 @@ impl Answer {
         let mut retry_after = 0;
         let mut fallback = None;
         let (mut closed, mut unavailable, mut failed) = (false, false, false);
+        // A cost above a limit's capacity: waiting never helps, so no `Retry-After`.
+        let mut never = false;
         for report in reports {
             if !report.enforced {
                 continue;
@@ -297,6 +301,7 @@ impl Answer {
                 }
                 Said::Result(Ok(d)) => d,
                 Said::Result(Err(StoreError::Capacity(_))) => {
+                    never = true;
                     violated.push(report.name.to_owned());
                     continue;
                 }
@@ -364,6 +369,7 @@ impl Answer {
             AnswerKind::Allowed
         };
         let retry_after = match kind {
+            AnswerKind::Limited if never => None,
             AnswerKind::Limited | AnswerKind::Closed | AnswerKind::Unavailable => {
                 Some(retry_after.max(1))
             }
@@ -452,7 +458,7 @@ impl Answer {
         if let Some(secs) = self.retry_after {
             f(&RETRY_AFTER, HeaderValue::from(secs), false);
         }
-        if self.retry_after.is_some() || self.kind == AnswerKind::Failed {
+        if self.kind != AnswerKind::Allowed {
             f(&CACHE_CONTROL, HeaderValue::from_static("no-store"), false);
         }
     }
@@ -554,7 +560,7 @@ fn problem_for(
 ) -> Option<Problem> {
     Some(match kind {
         AnswerKind::Allowed => return None,
-        AnswerKind::Limited => Problem::quota_exceeded(violated, retry_after.unwrap_or(1)),
+        AnswerKind::Limited => Problem::quota_exceeded(violated, retry_after),
         AnswerKind::Failed => Problem::status(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the rate-limit store failed",
@@ -627,6 +633,7 @@ mod tests {
         );
         assert_eq!(a.header("cache-control").unwrap(), "no-store");
         // A denial beats a broken or absent store.
+        let denied_again = denied.clone();
         let a = answer(&[("a", true, broken.clone()), ("b", true, denied)], false);
         assert_eq!(a.kind(), AnswerKind::Limited);
         let a = answer(
@@ -655,12 +662,20 @@ mod tests {
             cost: 20,
             capacity: 10,
         }));
-        let a = answer(&[("a", true, never)], false);
+        let a = answer(&[("a", true, never.clone())], false);
         assert_eq!(
             (a.kind(), a.retry_after_secs()),
-            (AnswerKind::Limited, Some(1))
+            (AnswerKind::Limited, None)
         );
-        assert!(a.header("ratelimit").is_none());
+        assert!(a.header("ratelimit").is_none() && a.header("retry-after").is_none());
+        assert_eq!(a.header("cache-control").unwrap(), "no-store");
+        // With another limit denying too, waiting still never helps.
+        let a = answer(&[("a", true, never), ("b", true, denied_again)], false);
+        assert_eq!(
+            (a.kind(), a.retry_after_secs()),
+            (AnswerKind::Limited, None)
+        );
+        assert_eq!(a.violated(), ["a", "b"]);
     }
 
     #[test]

@@ -39,13 +39,14 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// 429: the request exceeds the named limits.
-    pub fn quota_exceeded(violated_policies: Vec<String>, retry_after_secs: u64) -> Self {
+    /// 429: the request exceeds the named limits; it may be retried in `retry_after_secs`
+    /// (at least 1), or never (`None`: its cost exceeds a limit's capacity).
+    pub fn quota_exceeded(violated_policies: Vec<String>, retry_after_secs: Option<u64>) -> Self {
         Problem {
             status: StatusCode::TOO_MANY_REQUESTS,
             type_uri: QUOTA_EXCEEDED,
             title: "Too Many Requests".into(),
-            detail: quota_exceeded_detail(&violated_policies, retry_after_secs.max(1)),
+            detail: quota_exceeded_detail(&violated_policies, retry_after_secs.map(|s| s.max(1))),
             violated_policies,
         }
     }
@@ -126,8 +127,8 @@ impl Problem {
 }
 
 /// `quota exceeded for a, b; retry in 2 s` (what `format!` would write, at a fraction of its
-/// cost: this runs on every refusal).
-fn quota_exceeded_detail(violated_policies: &[String], retry_after_secs: u64) -> String {
+/// cost: this runs on every refusal), or `…; the cost exceeds what the limit can ever grant`.
+fn quota_exceeded_detail(violated_policies: &[String], retry_after_secs: Option<u64>) -> String {
     let names: usize = violated_policies.iter().map(|n| n.len() + 2).sum();
     let mut detail = String::with_capacity(48 + names);
     detail.push_str("quota exceeded for ");
@@ -137,9 +138,14 @@ fn quota_exceeded_detail(violated_policies: &[String], retry_after_secs: u64) ->
         }
         detail.push_str(name);
     }
-    detail.push_str("; retry in ");
-    detail.push_str(itoa::Buffer::new().format(retry_after_secs));
-    detail.push_str(" s");
+    match retry_after_secs {
+        Some(secs) => {
+            detail.push_str("; retry in ");
+            detail.push_str(itoa::Buffer::new().format(secs));
+            detail.push_str(" s");
+        }
+        None => detail.push_str("; the cost exceeds what the limit can ever grant"),
+    }
     detail
 }
 
@@ -178,8 +184,8 @@ mod tests {
 
     #[test]
     fn quota_exceeded_is_a_parsable_problem() {
-        let response =
-            Problem::quota_exceeded(vec!["per-ip".into(), "per-key".into()], 0).into_response();
+        let response = Problem::quota_exceeded(vec!["per-ip".into(), "per-key".into()], Some(0))
+            .into_response();
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(response.headers()[CACHE_CONTROL], "no-store");

@@ -3,10 +3,12 @@
 use super::descriptor::Entry;
 use super::rules::quota_suffix;
 use crate::quota::Quota;
+use crate::store::key::KeyWriter;
 
 /// The store key of a descriptor's counter: the domain, every entry, and the quota (algorithm,
-/// limit, period, burst). Entries are escaped so that different descriptors never share a key;
-/// a rule keeps its counters across reloads as long as its quota is unchanged.
+/// limit, period, burst), in the [one key grammar](crate::store::key) of every front end, so
+/// different descriptors never share a key; a rule keeps its counters across reloads as long
+/// as its quota is unchanged.
 ///
 /// ```
 /// use flowgate::envoy::{counter_key, Entry};
@@ -23,30 +25,13 @@ pub fn counter_key(domain: &str, entries: &[Entry], quota: &Quota) -> String {
     key
 }
 
-/// Appends the counter key of `entries` to `key`.
+/// Appends the counter key of `entries` to `key`; `suffix` is the quota's ([`quota_suffix`]).
 pub(super) fn write_key(key: &mut String, domain: &str, entries: &[Entry], suffix: &str) {
-    escape_into(key, domain);
+    let mut writer = KeyWriter::domain(key, domain);
     for entry in entries {
-        key.push('|');
-        escape_into(key, &entry.key);
-        key.push('=');
-        escape_into(key, &entry.value);
+        writer = writer.field(&entry.key, &entry.value);
     }
-    key.push_str(suffix);
-}
-
-/// Appends `s` with the key's separators (`|`, `=`, `#`) and the escape character escaped.
-fn escape_into(key: &mut String, s: &str) {
-    if !s.bytes().any(|b| matches!(b, b'\\' | b'|' | b'=' | b'#')) {
-        key.push_str(s);
-        return;
-    }
-    for c in s.chars() {
-        if matches!(c, '\\' | '|' | '=' | '#') {
-            key.push('\\');
-        }
-        key.push(c);
-    }
+    writer.suffix(suffix);
 }
 
 #[cfg(test)]
@@ -63,6 +48,11 @@ mod tests {
         assert_ne!(
             counter_key("d", &[Entry::new("a", "b")], &q),
             counter_key("d", &[Entry::new("a", "b")], &Quota::per_second(2))
+        );
+        // Unchanged by the one grammar, but for domains holding `:`.
+        assert_eq!(
+            counter_key("d:x", &[Entry::new("ip", "2001:db8::1")], &q),
+            r"d\:x|ip=2001:db8::1#gcra:1:1000000000:1"
         );
     }
 }

@@ -182,14 +182,14 @@ pub struct Rule {
     pub(super) counter_suffix: String,
 }
 
-/// The end of a counter key: the quota's algorithm, limit, period and burst, so a counter is
-/// only ever used with one quota.
+/// The end of a counter key (after its `#`): the quota's algorithm, limit, period and burst,
+/// so a counter is only ever used with one quota.
 pub(crate) fn quota_suffix(quota: &Quota) -> String {
     let mut suffix = String::with_capacity(40);
     // Writing to a String cannot fail.
     let _ = write!(
         suffix,
-        "#{}:{}:{}:{}",
+        "{}:{}:{}:{}",
         quota.algorithm().name(),
         quota.limit(),
         quota.period_nanos(),

@@ -19,8 +19,8 @@ pub enum LimitsError {
     /// Two limits share a name (their counters and headers would be confused).
     #[error("two limits are named `{0}`")]
     DuplicateName(String),
-    /// A tier value is empty, `*` (reserved for `otherwise`) or contains `:`.
-    #[error("limit `{limit}`: tier `{tier}` must be non-empty, not `*`, and contain no `:`")]
+    /// A tier value is empty or `*` (reserved for `otherwise`).
+    #[error("limit `{limit}`: tier `{tier}` must be non-empty and not `*`")]
     InvalidTier {
         /// The limit.
         limit: String,

@@ -12,25 +12,34 @@ use crate::answer::headers::policy_item_value;
 use crate::decision::FailMode;
 use crate::quota::Quota;
 use crate::store::Ask;
+use crate::store::key::{KeyWriter, escape_from};
 
 /// A quota of a limit (for one tier, or for all), with what each request needs of it formatted
-/// once: its `RateLimit-Policy` item and the start of its store keys.
+/// once: its `RateLimit-Policy` item and the start of its store keys
+/// ([the key grammar](crate::store::key)).
 #[derive(Debug, Clone)]
 pub(crate) struct Tier {
     /// The quota.
     pub(crate) quota: Quota,
     /// `"name";q=…;w=…`.
     pub(crate) item: HeaderValue,
-    /// `name:tier:`, which the request's key completes (see [`Limit::select`]).
+    /// `http:name|tier=tier|key=` (no `tier` field for an untiered limit), which the request's
+    /// key completes (see [`Limit::select`]).
     key_prefix: Box<str>,
 }
 
 impl Tier {
-    /// `quota` for tier `tier` (`""` for a limit without tiers, `*` for `otherwise`) of limit
+    /// `quota` for tier `tier` (`None` for a limit without tiers, `*` for `otherwise`) of limit
     /// `name`.
-    fn new(name: &str, tier: &str, quota: Quota) -> Self {
+    fn new(name: &str, tier: Option<&str>, quota: Quota) -> Self {
         let item = policy_item_value(name, &quota);
-        let key_prefix = format!("{name}:{tier}:").into_boxed_str();
+        let mut key_prefix = String::new();
+        let mut key = KeyWriter::tagged(&mut key_prefix, "http", name);
+        if let Some(tier) = tier {
+            key = key.field("tier", tier);
+        }
+        key.open_field("key");
+        let key_prefix = key_prefix.into_boxed_str();
         Tier {
             quota,
             item,
@@ -105,7 +114,7 @@ impl Limit {
     pub fn new(name: impl Into<String>, key: impl KeyExtractor, quota: Quota) -> Self {
         let name: Arc<str> = name.into().into();
         Limit {
-            quotas: Quotas::One(Tier::new(&name, "", quota), None),
+            quotas: Quotas::One(Tier::new(&name, None, quota), None),
             name,
             key: Box::new(key),
             cost: 1,
@@ -143,7 +152,7 @@ impl Limit {
         match &mut self.quotas {
             Quotas::Tiered { tiers, .. } => {
                 let value = value.into();
-                let tier = Tier::new(&self.name, &value, quota);
+                let tier = Tier::new(&self.name, Some(&value), quota);
                 tiers.insert(value, tier);
             }
             Quotas::One(_, misused) => *misused = Some("tier"),
@@ -156,7 +165,7 @@ impl Limit {
     pub fn otherwise(mut self, quota: Quota) -> Self {
         match &mut self.quotas {
             Quotas::Tiered { otherwise, .. } => {
-                *otherwise = Some(Tier::new(&self.name, "*", quota));
+                *otherwise = Some(Tier::new(&self.name, Some("*"), quota));
             }
             Quotas::One(_, misused) => *misused = Some("otherwise"),
         }
@@ -193,10 +202,10 @@ impl Limit {
         !self.shadow
     }
 
-    /// The quota this request falls under, with its store key — `name:tier:key` — appended to
-    /// `store_key`; `None` when the request's tier has no quota (the limit does not apply to
-    /// it). The limit's name and tier keep counters of different limits and tiers apart (names
-    /// and tiers hold no `:`, so the split is unambiguous).
+    /// The quota this request falls under, with its store key — `http:name|tier=…|key=…`, in
+    /// [the one key grammar](crate::store::key) — appended to `store_key`; `None` when the
+    /// request's tier has no quota (the limit does not apply to it). The limit's name and tier
+    /// keep counters of different limits and tiers apart.
     pub(crate) fn select(
         &self,
         parts: &Parts,
@@ -221,7 +230,9 @@ impl Limit {
             }
         };
         store_key.push_str(&priced.key_prefix);
+        let start = store_key.len();
         self.key.extract_into(parts, store_key)?;
+        escape_from(store_key, start);
         Ok(Some(priced))
     }
 
@@ -287,7 +298,7 @@ pub struct Limits {
 pub(crate) struct Selected {
     /// The limit's name.
     pub(crate) name: Arc<str>,
-    /// `name:tier:key` (see [`Limit::select`]).
+    /// `http:name|tier=…|key=…` (see [`Limit::select`]).
     pub(crate) store_key: String,
     /// The quota that applies.
     pub(crate) quota: Quota,
@@ -365,7 +376,7 @@ impl Limits {
             }
             for (tier, quota) in limit.quotas() {
                 // `*` is the store-key tier of `otherwise`.
-                if let Some(tier) = tier.filter(|t| t.is_empty() || *t == "*" || t.contains(':')) {
+                if let Some(tier) = tier.filter(|t| t.is_empty() || *t == "*") {
                     return Err(LimitsError::InvalidTier {
                         limit: name.to_owned(),
                         tier: tier.to_owned(),
@@ -426,7 +437,7 @@ mod tests {
             Err(LimitsError::CostExceedsBurst { .. })
         ));
         let tier = Limits::new()
-            .limit(Limit::tiered("t", Global::default(), Global::default()).tier("x:y", q));
+            .limit(Limit::tiered("t", Global::default(), Global::default()).tier("*", q));
         assert!(matches!(
             tier.validate(),
             Err(LimitsError::InvalidTier { .. })
@@ -462,8 +473,8 @@ mod tests {
         };
         let applied = policy.select(&parts("pro")).unwrap();
         assert_eq!(applied[0].quota, pro);
-        assert_eq!(applied[0].store_key, "plan:pro:global");
-        assert_eq!(applied[1].store_key, "all::everyone");
+        assert_eq!(applied[0].store_key, "http:plan|tier=pro|key=global");
+        assert_eq!(applied[1].store_key, "http:all|key=everyone");
         assert!(!applied[1].enforced);
         assert_eq!(policy.select(&parts("gold")).unwrap().len(), 1);
         let policy = Limits::new().limit(
@@ -473,7 +484,7 @@ mod tests {
         );
         assert_eq!(
             policy.select(&parts("gold")).unwrap()[0].store_key,
-            "plan:*:global"
+            "http:plan|tier=*|key=global"
         );
         let none = http::Request::new(()).into_parts().0;
         assert_eq!(policy.select(&none).unwrap_err().status, 401);

@@ -7,6 +7,7 @@
 
 pub mod fallback;
 pub mod hybrid;
+pub mod key;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -18,6 +18,7 @@ use crate::decision::Decision;
 use crate::local::{KeyedRateLimiter, RateLimiter};
 use crate::pipeline;
 use crate::quota::Quota;
+use crate::store::key::KeyWriter;
 use crate::store::{Ask, Store};
 
 /// Who is connecting: the client's address (a key: an IP, an IPv6 /64), and — once
@@ -315,20 +316,6 @@ impl<C: Clock> WsLimiter<C> {
     }
 }
 
-/// Escapes the key separator (`:`) and the escape character in a key part.
-fn push_key_part(key: &mut String, part: &str) {
-    if !part.contains([':', '\\']) {
-        key.push_str(part);
-        return;
-    }
-    for c in part.chars() {
-        if matches!(c, ':' | '\\') {
-            key.push('\\');
-        }
-        key.push(c);
-    }
-}
-
 /// One connection's limits, from [`WsLimiter::admit`]. Dropping it — on close, error,
 /// timeout or shutdown alike — releases its place in the caps and all its state.
 pub struct Session<C: Clock = MonotonicClock> {
@@ -392,12 +379,10 @@ impl<C: Clock + Clone> Session<C> {
         });
         let user = client.user.as_deref().and_then(|user| {
             let quota = rules.user.quota(role)?;
-            let mut key = String::with_capacity(rules.key_prefix.len() + user.len() + 16);
-            key.push_str(&rules.key_prefix);
-            key.push_str("user:");
-            push_key_part(&mut key, role.unwrap_or(""));
-            key.push(':');
-            push_key_part(&mut key, user);
+            let mut key = String::with_capacity(rules.key_prefix.len() + user.len() + 24);
+            KeyWriter::tagged(&mut key, "ws", &rules.key_prefix)
+                .field("user", user)
+                .field("role", role.unwrap_or(""));
             Some((quota, key))
         });
         Session {
@@ -532,9 +517,7 @@ impl<C: Clock + Clone> Session<C> {
         }
         if let (Some(quota), Some(room)) = (rules.room, room) {
             room_key.clear();
-            room_key.push_str(&rules.key_prefix);
-            room_key.push_str("room:");
-            push_key_part(room_key, room);
+            KeyWriter::tagged(room_key, "ws", &rules.key_prefix).field("room", room);
             let layer = Layer {
                 scope: Scope::Room,
                 quota,
@@ -551,11 +534,9 @@ impl<C: Clock + Clone> Session<C> {
         let slowmode = room.and_then(|room| rules.slowmode_in(room));
         if let (Some(quota), Some(room), false) = (slowmode, room, exempt) {
             slow_key.clear();
-            slow_key.push_str(&rules.key_prefix);
-            slow_key.push_str("slow:");
-            push_key_part(slow_key, room);
-            slow_key.push(':');
-            push_key_part(slow_key, self.client.who());
+            KeyWriter::tagged(slow_key, "ws", &rules.key_prefix)
+                .field("room", room)
+                .field("who", self.client.who());
             // One message per interval, whatever it costs.
             let layer = Layer {
                 scope: Scope::Slowmode,

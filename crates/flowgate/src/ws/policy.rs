@@ -170,7 +170,7 @@ impl Default for WsLimiterBuilder<MonotonicClock> {
                 frame: ErrorFrame::default(),
                 penalty: None,
                 dry_run: HashSet::new(),
-                key_prefix: "ws:".to_owned(),
+                key_prefix: String::new(),
             },
             clock: MonotonicClock::new(),
             error: None,
@@ -387,7 +387,10 @@ impl<C: Clock + Clone> WsLimiterBuilder<C> {
         self
     }
 
-    /// Prefix of the user, room and slowmode layers' store keys (default `ws:`).
+    /// Namespace of the user, room and slowmode layers' store keys (default empty): they are
+    /// `ws:<prefix>|user=…`, `ws:<prefix>|room=…`, in [the one key grammar](crate::store::key)
+    /// of every front end. Limiters that share a store but must not share counters take
+    /// different prefixes.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.rules.key_prefix = prefix.into();
         self

@@ -58,7 +58,7 @@ impl<C: Clock + Clone> WsLimiter<C> {
             // the refusal stands as its problem alone.
             Rendered::Pass(_) => Problem::quota_exceeded(
                 vec![refusal.scope.name().to_owned()],
-                refusal.retry_after_secs(),
+                Some(refusal.retry_after_secs()),
             )
             .into_response(),
         }
