@@ -140,7 +140,7 @@ async fn headers_match_the_decision_and_retry_after_is_never_zero() {
         .unwrap();
     let addr = serve(app(layer)).await;
     let client = client_from("127.0.0.1");
-    let key = "per-ip::127.0.0.1";
+    let key = "http:per-ip|key=127.0.0.1";
 
     for _ in 0..3 {
         let reply = send(&client, addr, "/", &[]).await;
@@ -213,7 +213,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     }
     assert_eq!(
         store
-            .peek(Ask::new("per-client::127.0.0.1", &quota))
+            .peek(Ask::new("http:per-client|key=127.0.0.1", &quota))
             .await
             .unwrap()
             .remaining,
@@ -221,7 +221,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     );
     assert_eq!(
         store
-            .peek(Ask::new("per-client::203.0.113.1", &quota))
+            .peek(Ask::new("http:per-client|key=203.0.113.1", &quota))
             .await
             .unwrap()
             .remaining,
@@ -239,7 +239,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     }
     assert_eq!(
         store
-            .peek(Ask::new("per-client::6.6.6.6", &quota))
+            .peek(Ask::new("http:per-client|key=6.6.6.6", &quota))
             .await
             .unwrap()
             .remaining,
@@ -249,7 +249,7 @@ async fn spoofed_forwarded_for_is_ignored_from_untrusted_peers_and_honoured_from
     assert_eq!(send(&proxy, addr, "/", &[]).await.status, 200);
     assert_eq!(
         store
-            .peek(Ask::new("per-client::127.0.0.2", &quota))
+            .peek(Ask::new("http:per-client|key=127.0.0.2", &quota))
             .await
             .unwrap()
             .remaining,
@@ -361,8 +361,8 @@ async fn multi_limit_requests_refund_on_partial_deny() {
         let store = store.clone();
         async move { store.peek(Ask::new(k, &q)).await.unwrap().remaining }
     };
-    assert_eq!(peek("per-ip::127.0.0.1", per_ip).await, 98);
-    assert_eq!(peek("per-key::k1", api_key).await, 48);
+    assert_eq!(peek("http:per-ip|key=127.0.0.1", per_ip).await, 98);
+    assert_eq!(peek("http:per-key|key=k1", api_key).await, 48);
     // /search has no endpoint tier: only the other two limits apply.
     let reply = send(&client, addr, "/search", &key).await;
     assert_eq!(reply.status, 200);
@@ -370,7 +370,7 @@ async fn multi_limit_requests_refund_on_partial_deny() {
     // Without an API key: 401, and nothing counted anywhere.
     let reply = send(&client, addr, "/search", &[]).await;
     assert_eq!(reply.status, 401);
-    assert_eq!(peek("per-ip::127.0.0.1", per_ip).await, 97);
+    assert_eq!(peek("http:per-ip|key=127.0.0.1", per_ip).await, 97);
 }
 
 /// A store whose backend is a TCP server that is not there: every call tries to connect to a

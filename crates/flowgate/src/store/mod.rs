@@ -134,8 +134,8 @@ impl<'a> Ask<'a> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use flowgate::{store::{Ask, MemoryStore, Store}, Quota};
-/// let store = MemoryStore::new();
+/// use flowgate::{clock::ManualClock, store::{Ask, MemoryStore, Store}, Quota};
+/// let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
 /// let quota = Quota::per_minute(100);
 /// let decision = store.check(Ask::new("tenant:42", &quota)).await?;
 /// assert!(decision.allowed);
