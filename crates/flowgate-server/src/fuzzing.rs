@@ -380,7 +380,7 @@ pub fn ws_message(data: &[u8]) {
                 assert!((1000..5000).contains(&close.code));
                 break;
             }
-            flowgate::ws::Verdict::Forward => {}
+            _ => {}
         }
     }
 }

@@ -150,6 +150,7 @@ impl Denied {
 /// The default is [`Open`](FailMode::Open) everywhere (the fallback store, the service's
 /// `--fail`): a rate limiter that is down should not take the service it protects down with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum FailMode {
     /// Allow the request: availability over enforcement.
     #[default]

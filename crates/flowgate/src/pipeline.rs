@@ -71,11 +71,9 @@ pub struct Unfinished {
 enum State {
     /// Nothing was asked: the store answers asynchronously.
     NotAsked,
-    /// Decided, but these asks' units must still be given back.
-    Refunding {
-        outcome: Outcome,
-        owed: SmallVec<[usize; 2]>,
-    },
+    /// Decided, but these asks' units must still be given back (rare: a hybrid store that
+    /// pushed them meanwhile), so boxed.
+    Refunding(Box<(Outcome, SmallVec<[usize; 2]>)>),
 }
 
 /// Decides the request formed by `asks` without waiting, if `store` answers at once
@@ -122,7 +120,7 @@ pub fn decide_now<S: Store + ?Sized>(store: &S, asks: &[Ask<'_>]) -> Result<Outc
         Ok(outcome)
     } else {
         Err(Unfinished {
-            state: State::Refunding { outcome, owed },
+            state: State::Refunding(Box::new((outcome, owed))),
         })
     }
 }
@@ -162,7 +160,7 @@ impl Unfinished {
     /// Completes the request in `store` (the store and asks given to [`decide_now`]).
     pub async fn finish<S: Store + ?Sized>(self, store: &S, asks: &[Ask<'_>]) -> Outcome {
         let (outcome, owed) = match self.state {
-            State::Refunding { outcome, owed } => (outcome, owed),
+            State::Refunding(refunding) => *refunding,
             State::NotAsked => {
                 let results: Results = match asks {
                     [] => Results::new(),

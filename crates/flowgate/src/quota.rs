@@ -31,6 +31,7 @@ pub const MAX_SPAN: Nanos = 1 << 61;
 /// | [`SlidingWindow`](Algorithm::SlidingWindow) | window + 2 counts | approximate: < 2 × `limit` in any window, ≈ `limit` for steady traffic | |
 /// | [`SlidingLog`](Algorithm::SlidingLog) | ≤ `limit` time stamps | yes: ≤ `limit` in any window of `period` | |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Generic cell rate algorithm: a token bucket kept as one "theoretical arrival time".
     #[default]
@@ -107,6 +108,7 @@ impl FromStr for Algorithm {
 
 /// Why a [`Quota`] could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum QuotaError {
     /// `limit` was 0. (To deny everything, don't build a quota: deny.)
     #[error("limit must be at least 1")]

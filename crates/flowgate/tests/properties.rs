@@ -295,6 +295,7 @@ proptest! {
             Algorithm::FixedWindow => run::<FixedWindow>(&old, &new, &s)?,
             Algorithm::SlidingWindow => run::<SlidingWindow>(&old, &new, &s)?,
             Algorithm::SlidingLog => run::<SlidingLog>(&old, &new, &s)?,
+            other => panic!("no state type for {other:?}: add it to this test"),
         }
     }
 }

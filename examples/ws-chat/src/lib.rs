@@ -386,6 +386,8 @@ async fn judge(
         Verdict::Forward => act(session),
         Verdict::Reject(rejection) => Reply::Send(chat.limiter.error_frame(&rejection).into()),
         Verdict::Close(close) => Reply::Close(close),
+        // A verdict this chat does not know: the message is not delivered.
+        _ => Reply::Nothing,
     }
 }
 

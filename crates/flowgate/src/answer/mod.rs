@@ -491,10 +491,10 @@ impl Answer {
     /// `/json` and `/v1/check`): `Ok(self)` when the limits decided — allowed, limited or
     /// closed — and `Err` with the 503/500 problem response when a store could not answer and
     /// no fail mode decided.
-    pub fn decided(self) -> Result<Answer, Response<Bytes>> {
+    pub fn decided(self) -> Result<Answer, Box<Response<Bytes>>> {
         match self.kind {
             AnswerKind::Unavailable | AnswerKind::Failed => match self.render(false) {
-                Rendered::Refuse(response) => Err(response),
+                Rendered::Refuse(response) => Err(Box::new(response)),
                 Rendered::Pass(answer) => Ok(answer),
             },
             _ => Ok(self),

@@ -135,6 +135,7 @@ impl Close {
 /// What to do with one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a verdict says whether to forward, reject or close"]
+#[non_exhaustive]
 pub enum Verdict {
     /// Forward it (every enforced layer allows it, or it releases resources, or a dry run
     /// would have rejected it).

@@ -297,7 +297,7 @@ pub(crate) async fn check(
 pub(crate) fn render(active: &Active, verdict: &Verdict<'_>, answer: Answer) -> Response {
     let answer = match answer.decided() {
         Ok(answer) => answer,
-        Err(failure) => return failure.map(axum::body::Body::from),
+        Err(failure) => return (*failure).map(axum::body::Body::from),
     };
     let kind = answer.kind();
     let body = CheckResponse {

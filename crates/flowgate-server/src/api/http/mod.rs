@@ -173,7 +173,7 @@ pub(crate) async fn json(
         .await;
     let answer = match active.answer(&verdict).decided() {
         Ok(answer) => answer,
-        Err(failure) => return failure.map(axum::body::Body::from),
+        Err(failure) => return (*failure).map(axum::body::Body::from),
     };
     let status = if answer.kind().over_limit() {
         StatusCode::TOO_MANY_REQUESTS

@@ -424,18 +424,18 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     target.push(message);
                 }
             }
-            Verdict::Reject(rejection) => {
-                if side == Side::Client {
-                    let text = runtime.limiter.error_frame(&rejection);
-                    let to_client = &mut relay.queues[Side::Client as usize];
-                    // An error frame that does not fit is dropped: the buffer stays bounded.
-                    if !to_client.full(cap_messages, cap_bytes) {
-                        to_client.push(Message::text(text));
-                    }
+            Verdict::Reject(rejection) if side == Side::Client => {
+                let text = runtime.limiter.error_frame(&rejection);
+                let to_client = &mut relay.queues[Side::Client as usize];
+                // An error frame that does not fit is dropped: the buffer stays bounded.
+                if !to_client.full(cap_messages, cap_bytes) {
+                    to_client.push(Message::text(text));
                 }
-                // An upstream message over the outbound limits is dropped (counted).
             }
             Verdict::Close(close) => break Ending::both(frame(close.code, &close.reason)),
+            // An upstream message over the outbound limits is dropped (counted); a verdict
+            // this gateway does not know is not forwarded either.
+            _ => {}
         }
     };
     Box::pin(finish(relay, ending)).await;
