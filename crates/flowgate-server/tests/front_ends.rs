@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use common::upstream::{Upstream, client};
-use common::{OK, OVER_LIMIT, TestServer, descriptor, request};
+use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
 use flowgate::clock::ManualClock;
 use flowgate::http::key::Global;
 use flowgate::http::{Limit, Limits, RateLimitLayer};
@@ -334,4 +334,75 @@ async fn a_blocklist_rule_is_reported_as_a_quota_of_zero_everywhere() {
     assert_eq!(grpc, (OVER_LIMIT, expected));
     assert!(upstream.seen().is_empty());
     service.stop().await;
+}
+
+/// The built-in policy's `per_address` is a token bucket of 100 per second with bursts of
+/// 200: the IETF fields advertise its rate, name its burst as `flowgate-burst`, and never say
+/// more remains than `q` (they said `r=199` under `q=100`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ietf_fields_never_say_more_remains_than_the_quota() {
+    let server = TestServer::start(&[]).await;
+    let body = r#"{"domain":"default","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.7"}]}]}"#;
+    for path in ["/v1/check", "/json"] {
+        let r = server.post(path, body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        assert_eq!(
+            r.header("ratelimit-policy").unwrap(),
+            r#""per_address";q=100;w=1;flowgate-burst=200"#,
+            "{path}"
+        );
+        let limit = r.header("ratelimit").unwrap();
+        assert!(
+            limit.starts_with(r#""per_address";r=100;t="#),
+            "{path}: {limit}"
+        );
+    }
+    let answer = should(
+        &mut server.rls().await,
+        request(
+            "default",
+            vec![descriptor(&[("remote_address", "10.0.0.7")])],
+        ),
+    )
+    .await;
+    assert!(answer.statuses[0].limit_remaining <= 100, "{answer:?}");
+    server.stop().await;
+}
+
+/// A request-level `hits_addend` beyond 32 bits (the proto's `uint32`) is the same 400 on
+/// `/json` and `/v1/check` (it was 400 on one and 429 on the other); a descriptor's cost that
+/// can never fit its quota is refused without `Retry-After`, since waiting never helps (it
+/// said `Retry-After: 1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_costs_get_the_same_answer_on_every_front_end() {
+    let server = TestServer::start(&[]).await;
+    let huge = 1u64 << 32;
+    let entries = r#"[{"key":"api_key","value":"k"}]"#;
+    let request_level = format!(
+        r#"{{"domain":"default","hits_addend":{huge},"descriptors":[{{"entries":{entries}}}]}}"#
+    );
+    for path in ["/v1/check", "/json"] {
+        let r = server.post(path, &request_level).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(
+            r.body.contains("hits_addend must fit in 32 bits"),
+            "{path}: {}",
+            r.body
+        );
+    }
+    let never = format!(
+        r#"{{"domain":"default","descriptors":[{{"entries":{entries},"hits_addend":5000}}]}}"#
+    );
+    for path in ["/v1/check", "/json"] {
+        let r = server.post(path, &never).await;
+        assert_eq!(r.status, 429, "{path}: {}", r.body);
+        assert_eq!(r.header("retry-after"), None, "{path}");
+        assert_eq!(r.header("cache-control"), Some("no-store"), "{path}");
+    }
+    // The limit was not touched: the next request sees the whole quota.
+    let one = format!(r#"{{"domain":"default","descriptors":[{{"entries":{entries}}}]}}"#);
+    let r = server.post("/v1/check", &one).await;
+    assert_eq!(r.json()["descriptors"][0]["remaining"], 999, "{}", r.body);
+    server.stop().await;
 }
