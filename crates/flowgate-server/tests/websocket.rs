@@ -652,7 +652,7 @@ fn the_documented_websocket_section_is_valid() {
     std::fs::write(&path, yaml).unwrap();
     let policy = config::load(&[path]).unwrap_or_else(|e| panic!("{e}"));
     let ws = policy.websocket.unwrap();
-    assert_eq!(ws.limits.close_code, Some(4008));
+    assert_eq!(ws.limits.close_code, 4008);
     assert!(ws.outbound.is_some());
     ws.limits.build().unwrap();
 }
