@@ -115,6 +115,33 @@ fn check_config_lists_every_problem_with_its_field() {
     }
 }
 
+/// docs/service.md's `check-config` example prints what the document shows.
+#[test]
+fn the_documented_check_config_example_prints_what_the_document_shows() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/service.md"
+    ))
+    .unwrap();
+    let block = doc
+        .split("```\n$ cat edge.yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the example");
+    let (file, output) = block
+        .split_once("$ flowgate check-config edge.yaml\n")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("edge.yaml"), file).unwrap();
+    let out = Command::new(FLOWGATE)
+        .args(["check-config", "edge.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), output);
+}
+
 /// `serve --help` names the settings that have no flag (`FLOWGATE_ADMIN_TOKEN`), and says
 /// that the request-head limits hold on every HTTP listener, the HTTP API included.
 #[test]

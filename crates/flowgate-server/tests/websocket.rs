@@ -457,6 +457,10 @@ fn config_errors_name_file_line_column_and_field() {
             "domain: d\nwebsocket:\n  listen: 127.0.0.1:1\n",
             ":3:3: `websocket.upstream`: is required",
         ),
+        (
+            "domain: d\nwebsocket:\n  upstream: ws://x:1\n  limits:\n    errors: {limit: 3, per: 1m}\n",
+            ":5:13: `websocket.limits.errors`: the gateway closes a connection at its first protocol error",
+        ),
     ];
     for (text, expected) in cases {
         std::fs::write(&path, text).unwrap();

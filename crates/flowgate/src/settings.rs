@@ -8,7 +8,7 @@
 //! * Durations: [`parse_duration`], the one syntax every duration of a configuration is
 //!   written in (`90s`, `500ms`, `5m`, `1h30m`, `3d`; zero is refused), and [`duration`] /
 //!   [`optional_duration`] for `#[serde(deserialize_with = …)]`.
-//! * With `ws`, the WebSocket policy ([`WsPolicy`](crate::ws::WsPolicy)) and its parts.
+//! * With `ws`, the WebSocket policy (`ws::WsPolicy`) and its parts.
 //!
 //! ```
 //! use std::time::Duration;

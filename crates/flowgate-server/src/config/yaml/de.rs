@@ -106,7 +106,7 @@ pub(crate) fn from_node<T: DeserializeOwned>(root: &Node) -> (Option<T>, Vec<Pro
         }
         let error = match read {
             Ok(value) => break Some(value),
-            Err(error) => error,
+            Err(DeError(error)) => *error,
         };
         let node = error.node.unwrap_or(root as *const Node);
         let path = error.path.clone().unwrap_or_default();
@@ -168,7 +168,11 @@ impl Ctx<'_> {
 
 /// An error on the way, and the node it arose at (set by the innermost node that saw it).
 #[derive(Debug)]
-pub(crate) struct DeError {
+pub(crate) struct DeError(Box<ErrorAt>);
+
+/// What [`DeError`] holds.
+#[derive(Debug)]
+struct ErrorAt {
     message: String,
     /// The node (its address in the tree), to leave it out on the next reading.
     node: Option<*const Node>,
@@ -184,11 +188,12 @@ impl DeError {
     /// Attributes the error to `node` at `path` (in its parent at `parent_at`), unless a
     /// deeper node already has it.
     fn at(mut self, node: &Node, path: &str, parent_at: Option<(u64, u64)>) -> Self {
-        if self.node.is_none() {
-            self.node = Some(node as *const Node);
-            self.at = Some(node.at);
-            self.path = Some(path.to_owned());
-            self.parent_at = parent_at;
+        let e = &mut self.0;
+        if e.node.is_none() {
+            e.node = Some(node as *const Node);
+            e.at = Some(node.at);
+            e.path = Some(path.to_owned());
+            e.parent_at = parent_at;
         }
         self
     }
@@ -196,7 +201,7 @@ impl DeError {
 
 impl fmt::Display for DeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.0.message)
     }
 }
 
@@ -204,21 +209,20 @@ impl std::error::Error for DeError {}
 
 impl de::Error for DeError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        DeError {
+        DeError(Box::new(ErrorAt {
             message: msg.to_string(),
             node: None,
             at: None,
             path: None,
             parent_at: None,
             missing: None,
-        }
+        }))
     }
 
     fn missing_field(field: &'static str) -> Self {
-        DeError {
-            missing: Some(field),
-            ..DeError::custom(format_args!("missing field `{field}`"))
-        }
+        let mut error = DeError::custom(format_args!("missing field `{field}`"));
+        error.0.missing = Some(field);
+        error
     }
 }
 

@@ -99,15 +99,9 @@ pub(crate) fn parse(
     let mut errors: Vec<ConfigError> = problems.iter().map(|p| problem(file, p)).collect();
     // A value refused while reading is absent below: what the checks then say about its field
     // (at the value, or missing from its mapping) was already said.
-    let left_out: Vec<(Option<String>, [Option<(u64, u64)>; 2])> = problems
+    let left_out: Vec<&Problem> = problems
         .iter()
         .filter(|p| p.left_out_of.is_some())
-        .map(|p| {
-            (
-                p.field.as_deref().and_then(field_name),
-                [Some(p.at), p.left_out_of],
-            )
-        })
         .collect();
     let Some(yaml) = yaml else {
         return Err(errors);
@@ -151,9 +145,10 @@ pub(crate) fn parse(
         convert_websocket(file, w.value, at, node, &mut checked, references).map(|w| (w, at))
     });
     errors.extend(checked.into_iter().filter(|e| {
-        !left_out
-            .iter()
-            .any(|(field, at)| *field == e.field && at.contains(&Some((e.line, e.column))))
+        !left_out.iter().any(|p| {
+            p.field.as_deref().and_then(field_name) == e.field
+                && [Some(p.at), p.left_out_of].contains(&Some((e.line, e.column)))
+        })
     }));
     errors.sort_by_key(|e| (e.line, e.column));
     if errors.is_empty() {

@@ -317,6 +317,13 @@ fn check_policy(
         let field = problem.field();
         e.push(at(field), &format!("{block}.{field}"), problem.to_string());
     }
+    if policy.value.errors.is_some() {
+        e.push(
+            at("errors"),
+            &format!("{block}.errors"),
+            "the gateway closes a connection at its first protocol error (1002, 1007), so it has no errors to count; this layer counts errors an application reports to the library (`Session::error`)",
+        );
+    }
     if block == "outbound" {
         let p = &policy.value;
         let set = [
