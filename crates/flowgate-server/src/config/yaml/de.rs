@@ -64,8 +64,8 @@ impl<'de, T: de::Deserialize<'de>> de::Deserialize<'de> for Spanned<T> {
     }
 }
 
-/// One problem: where, which field (dotted path of keys from the document's top; `None` at
-/// the top), what.
+/// One problem: where, which field (dotted path of keys from the document's top, `[]` after
+/// a sequence's elements: `gateway.descriptors[][].key`; `None` at the top), what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Problem {
     /// 1-based line and column.
@@ -237,12 +237,14 @@ struct NodeDe<'a> {
 }
 
 impl<'a> NodeDe<'a> {
+    /// The node of `key` in this mapping, or (`None`) an element of this sequence: its path is
+    /// this one's with `[]` appended.
     fn child(&self, node: &'a Node, key: Option<&str>) -> NodeDe<'a> {
         NodeDe {
             node,
             path: match key {
                 Some(key) => join(&self.path, key),
-                None => self.path.clone(),
+                None => format!("{}[]", self.path),
             },
             parent_at: Some(self.node.at),
             ctx: self.ctx,
@@ -344,7 +346,10 @@ impl<'de> Deserializer<'de> for NodeDe<'_> {
                     value: None,
                 })
                 .map_err(|e| self.locate(e)),
-            _ => self.any(visitor),
+            _ => Err(self.locate(de::Error::invalid_type(
+                self.node.unexpected(),
+                &"a mapping",
+            ))),
         }
     }
 
@@ -543,8 +548,8 @@ mod tests {
                 "3:16: `inner.count`: invalid type: string \"many\", expected u32",
                 "3:28: `inner.flag`: invalid type: integer `1`, expected a boolean",
                 "3:31: `inner`: unknown field `extra`; expected one of `count`, `flag`",
-                "4:11: `list`: invalid value: integer `-2`, expected u32",
-                "4:18: `list`: invalid type: string \"x\", expected u32",
+                "4:11: `list[]`: invalid value: integer `-2`, expected u32",
+                "4:18: `list[]`: invalid type: string \"x\", expected u32",
             ]
         );
         // What was left out is absent; the rest reads (`inner` lost its required count).
@@ -552,6 +557,21 @@ mod tests {
         assert_eq!((value.name.value.as_str(), value.name.at), ("010", (1, 7)));
         assert!(value.inner.is_none());
         assert_eq!(value.list, [1, 3]);
+    }
+
+    #[test]
+    fn a_struct_is_a_mapping_only() {
+        let (value, problems) = read("[a, b]\n");
+        assert!(value.is_none());
+        assert_eq!(
+            problems,
+            ["1:1: invalid type: sequence, expected a mapping"]
+        );
+        let (_, problems) = read("name: n\ninner: 5\n");
+        assert_eq!(
+            problems,
+            ["2:8: `inner`: invalid type: integer `5`, expected a mapping"]
+        );
     }
 
     #[test]

@@ -95,6 +95,12 @@ pub(crate) fn parse(
     references: &mut Vec<Reference>,
 ) -> Result<Parsed, Vec<ConfigError>> {
     let root = Node::parse(text).map_err(|e| vec![syntax_error(file, &e)])?;
+    if root.is_null() {
+        return Err(vec![ConfigError::file(
+            file,
+            "is empty: a configuration file needs at least `domain: NAME`",
+        )]);
+    }
     let (yaml, problems) = from_node::<FileYaml>(&root);
     let mut errors: Vec<ConfigError> = problems.iter().map(|p| problem(file, p)).collect();
     // A value refused while reading is absent below: what the checks then say about its field
@@ -163,18 +169,16 @@ pub(crate) fn parse(
     }
 }
 
-/// The name errors give a field: its path of keys, except that a rule's fields are named
-/// relative to the rule (`rate_limit.unit`, however deep the rule is nested).
+/// The name errors give a field: its path of keys (`gateway.descriptors.key`), except that a
+/// rule's fields are named relative to the rule (`rate_limit.unit`, however deep the rule is
+/// nested; `None` for the rule itself).
 fn field_name(path: &str) -> Option<String> {
-    let mut name = path;
-    while let Some(rest) = name.strip_prefix("descriptors") {
-        match rest.strip_prefix('.') {
-            Some(rest) => name = rest,
-            None if rest.is_empty() => name = rest,
-            None => break,
-        }
-    }
-    (!name.is_empty()).then(|| name.to_owned())
+    let relative = match path.rsplit_once("descriptors[]") {
+        Some((_, rest)) if path.starts_with("descriptors[]") => rest.trim_start_matches('.'),
+        _ => path,
+    };
+    let name = relative.replace("[]", "");
+    (!name.is_empty()).then_some(name)
 }
 
 /// A problem found while reading `file`.
@@ -290,6 +294,35 @@ websocket:
             "f.yaml:26:16: `websocket.slow_reader`: unknown policy `stall`; expected one of pause, drop, close",
         ];
         assert_eq!(found, expected, "{found:#?}");
+    }
+
+    #[test]
+    fn fields_are_named_from_the_top_and_a_rules_from_the_rule() {
+        assert_eq!(
+            field_name("descriptors[].descriptors[].rate_limit.unit").as_deref(),
+            Some("rate_limit.unit")
+        );
+        assert_eq!(
+            field_name("descriptors[].descriptors").as_deref(),
+            Some("descriptors")
+        );
+        assert_eq!(field_name("descriptors").as_deref(), Some("descriptors"));
+        assert_eq!(field_name("descriptors[]"), None);
+        assert_eq!(
+            field_name("gateway.descriptors[][].key").as_deref(),
+            Some("gateway.descriptors.key")
+        );
+        assert_eq!(
+            errors("")[0],
+            "f.yaml: is empty: a configuration file needs at least `domain: NAME`"
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors: {key: k}\nwebsocket: [ws://x:1]\n"),
+            [
+                "f.yaml:2:14: `descriptors`: invalid type: map, expected a sequence",
+                "f.yaml:3:12: `websocket`: invalid type: sequence, expected a mapping",
+            ]
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Unexpected, Visitor};
 
 /// One YAML node: where it is used, and its value.
 #[derive(Debug)]
@@ -78,6 +78,27 @@ impl Node {
                 .and_then(|(_, v)| v.find(rest)),
             _ => None,
         }
+    }
+
+    /// What the node is, for an error saying it is not what was expected.
+    pub(crate) fn unexpected(&self) -> Unexpected<'_> {
+        match &self.value {
+            Value::Scalar(s) => match s.typed {
+                Typed::Null => Unexpected::Unit,
+                Typed::Bool(b) => Unexpected::Bool(b),
+                Typed::U64(n) => Unexpected::Unsigned(n),
+                Typed::I64(n) => Unexpected::Signed(n),
+                Typed::F64(x) => Unexpected::Float(x),
+                Typed::Str => Unexpected::Str(&s.text),
+            },
+            Value::Seq(_) => Unexpected::Seq,
+            Value::Map(_) => Unexpected::Map,
+        }
+    }
+
+    /// Whether the document is empty (or only `null`).
+    pub(crate) fn is_null(&self) -> bool {
+        matches!(&self.value, Value::Scalar(s) if s.typed == Typed::Null)
     }
 
     /// A scalar's text.
