@@ -74,6 +74,149 @@ fn check_config_accepts_valid_files_and_names_line_and_column_of_errors() {
     assert!(stderr.contains("missing.yaml: cannot read"), "{stderr}");
 }
 
+/// `check-config` lists every problem of every file at once — unknown fields do not stop it
+/// — each with file, line, column and the field (a wrong type names its field too).
+#[test]
+fn check_config_lists_every_problem_with_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("many.yaml");
+    std::fs::write(
+        &file,
+        "domain: many\ndescriptors:\n  - key: a\n    valeu: x\n    rate_limit: {unit: second, requests_per_unit: lots}\n  - key: b\n    shadow: true\n    rate_limit: {unit: second, requests_per_unit: 1, fail: sometimes}\nwebsocket:\n  upstream: ws://127.0.0.1:9000\n  limits: {concurrent_per_ip: -1, slowmode: 0s}\n",
+    )
+    .unwrap();
+    let out = Command::new(FLOWGATE)
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let name = file.display().to_string();
+    let lines: Vec<&str> = stderr.lines().collect();
+    let expected = [
+        format!("{name}:4:5: unknown field `valeu`; expected one of"),
+        format!(
+            "{name}:5:51: `rate_limit.requests_per_unit`: invalid type: string \"lots\", expected u64"
+        ),
+        format!("{name}:7:5: unknown field `shadow`; expected one of"),
+        format!("{name}:8:60: `rate_limit.fail`: unknown failure mode `sometimes`"),
+        format!(
+            "{name}:11:31: `websocket.limits.concurrent_per_ip`: invalid value: integer `-1`, expected u32"
+        ),
+        format!("{name}:11:45: `websocket.limits.slowmode`: must be longer than zero"),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stderr}");
+    for (line, expected) in lines.iter().zip(&expected) {
+        assert!(
+            line.starts_with(expected.as_str()),
+            "{line}\nexpected {expected}"
+        );
+    }
+}
+
+/// docs/service.md's `check-config` example prints what the document shows.
+#[test]
+fn the_documented_check_config_example_prints_what_the_document_shows() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/service.md"
+    ))
+    .unwrap();
+    let block = doc
+        .split("```\n$ cat edge.yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the example");
+    let (file, output) = block
+        .split_once("$ flowgate check-config edge.yaml\n")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("edge.yaml"), file).unwrap();
+    let out = Command::new(FLOWGATE)
+        .args(["check-config", "edge.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), output);
+}
+
+/// `serve --help` names the settings that have no flag (`FLOWGATE_ADMIN_TOKEN`), and says
+/// that the request-head limits hold on every HTTP listener, the HTTP API included.
+#[test]
+fn serve_help_names_the_admin_token_and_where_the_head_limits_apply() {
+    let out = Command::new(FLOWGATE)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("FLOWGATE_ADMIN_TOKEN Enables the admin endpoints"),
+        "{help}"
+    );
+    for flag in ["--max-header-bytes", "--header-read-timeout"] {
+        let text = help.split(flag).nth(1).unwrap();
+        let text = &text[..text.find(" --").unwrap_or(text.len())];
+        assert!(
+            text.contains("the HTTP API, the gateway and the WebSocket gateway"),
+            "{flag}: {text}"
+        );
+    }
+}
+
+/// `--http` and `--grpc` take host names, as `loadgen --target` does: `localhost` resolves
+/// to a loopback address, which is served (and logged with the port bound).
+#[test]
+fn serve_listens_on_a_host_name() {
+    let mut child = Command::new(FLOWGATE)
+        .args([
+            "serve",
+            "--http",
+            "localhost:0",
+            "--grpc",
+            "localhost:0",
+            "--log-format",
+            "json",
+            "--drain-period",
+            "0s",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines, serving) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let http: std::net::SocketAddr = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = serving
+            .recv_timeout(left)
+            .expect("flowgate serving, logged");
+        let log: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if log["fields"]["message"] == "flowgate serving" {
+            break log["fields"]["http"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    assert!(http.ip().is_loopback() && http.port() != 0, "{http}");
+    assert!(http_get(http, "/healthz").unwrap().contains("ok"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 #[test]
 fn serve_with_the_builtin_policy_then_sigterm_finishes_in_flight_calls_and_exits_0() {
     let (http, grpc) = (free_port(), free_port());

@@ -26,10 +26,10 @@ fn gateway_section_errors_name_file_line_column_and_field() {
     assert_eq!(
         errors,
         [
-            "gw.yaml:3:11: `gateway.listen`: `nowhere` is not an address; write e.g. `127.0.0.1:8000`",
+            "gw.yaml:3:11: `gateway.listen`: `nowhere` is not an address; write HOST:PORT, e.g. `127.0.0.1:8080` or `localhost:8080`",
             "gw.yaml:4:33: `gateway.trusted_proxies`: `ten` is not a network or address; write e.g. `10.0.0.0/8` or `192.0.2.1`",
             "gw.yaml:5:16: `gateway.ipv6_prefix`: must be between 0 and 128",
-            "gw.yaml:6:21: `gateway.upstream_timeout`: `soon` is not a duration (expected number at 0); write e.g. `30s`, `500ms`",
+            "gw.yaml:6:21: `gateway.upstream_timeout`: `soon` is not a duration (expected number at 0); write e.g. `30s`, `500ms`, `1h30m`",
             "gw.yaml:8:8: `gateway.descriptors.header`: is required with `key: header`",
             "gw.yaml:9:14: `gateway.descriptors.key`: unknown source `cookie`; expected one of remote_address, header, path, method, host, jwt_claim, generic_key",
             "gw.yaml:10:28: `gateway.descriptors.header`: does not apply to `key: path`",
@@ -39,7 +39,7 @@ fn gateway_section_errors_name_file_line_column_and_field() {
     let unknown =
         config_errors("domain: d\ngateway:\n  descriptors: [[{key: path}]]\n  listn: x\n");
     assert!(
-        unknown[0].starts_with("gw.yaml:4:3: unknown field `listn`"),
+        unknown[0].starts_with("gw.yaml:4:3: `gateway`: unknown field `listn`"),
         "{unknown:?}"
     );
     let missing = config_errors("domain: d\ngateway:\n  listen: 127.0.0.1:1\n");

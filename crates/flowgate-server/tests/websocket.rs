@@ -224,7 +224,7 @@ async fn excess_upgrades_from_one_ip_get_429_with_retry_after_and_the_concurrent
                 assert_eq!(status, 429);
                 let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
                 assert!((1..=360).contains(&retry), "{retry}");
-                assert_eq!(headers["ratelimit-policy"], r#""ws_connect";q=10;w=3600"#);
+                assert_eq!(headers["ratelimit-policy"], r#""connect";q=10;w=3600"#);
                 assert!(headers["ratelimit"].to_str().unwrap().contains("r=0"));
                 refused += 1;
             }
@@ -431,7 +431,7 @@ fn config_errors_name_file_line_column_and_field() {
         ),
         (
             "domain: d\nwebsocket:\n  upstream: ws://x:1\n  limits:\n    close_code: 1005\n",
-            ":5:17: `websocket.limits.close_code`: 1005 cannot be sent in a close frame",
+            ":5:17: `websocket.limits.close_code`: close code 1005 cannot be sent",
         ),
         (
             "domain: d\nwebsocket:\n  upstream: ws://x:1\n  slow_reader: sometimes\n",
@@ -443,7 +443,7 @@ fn config_errors_name_file_line_column_and_field() {
         ),
         (
             "domain: d\nwebsocket:\n  upstream: ws://x:1\n  limits:\n    messages: {limit: 2, per: 1s}\n    costs: {subscribe: 5}\n",
-            ":5:5: `websocket.limits`: a message cost of 5 can never be granted",
+            ":6:12: `websocket.limits.costs`: a message cost of 5 can never be granted",
         ),
         (
             "domain: d\nwebsocket:\n  upstream: ws://x:1\n  outbound:\n    concurrent_per_ip: 3\n",
@@ -456,6 +456,10 @@ fn config_errors_name_file_line_column_and_field() {
         (
             "domain: d\nwebsocket:\n  listen: 127.0.0.1:1\n",
             ":3:3: `websocket.upstream`: is required",
+        ),
+        (
+            "domain: d\nwebsocket:\n  upstream: ws://x:1\n  limits:\n    errors: {limit: 3, per: 1m}\n",
+            ":5:13: `websocket.limits.errors`: the gateway closes a connection at its first protocol error",
         ),
     ];
     for (text, expected) in cases {
@@ -632,6 +636,45 @@ async fn a_slow_reader_is_closed_with_1013_or_has_messages_dropped_and_memory_st
     assert_eq!(next(&mut ws).await, Got::Text("still here".into()));
 }
 
+/// `dry_run: [connect, concurrent_ip]`: what those layers would refuse is admitted, and
+/// counted where message-layer dry runs are (`flowgate_ws_decisions_total{outcome="dry_run"}`),
+/// never as a refused upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_of_the_upgrade_layers_admits_and_is_counted() {
+    let upstream = EchoUpstream::start().await;
+    let (server, addr) = start(
+        &upstream,
+        "limits:\n  connections_per_ip: {limit: 2, per: 1h}\n  concurrent_per_ip: 3\n  dry_run: [connect, concurrent_ip]",
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(open(addr, "/", &[]).await);
+    }
+    let text = server.get("/metrics").await.body;
+    let decisions = |scope: &str, outcome: &str| {
+        metric_in(
+            &text,
+            &format!(
+                "flowgate_ws_decisions_total{{direction=\"inbound\",scope=\"{scope}\",outcome=\"{outcome}\"}}"
+            ),
+        )
+    };
+    assert_eq!(decisions("connect", "allowed"), 2.0, "{text}");
+    assert_eq!(decisions("connect", "dry_run"), 3.0, "{text}");
+    assert_eq!(decisions("concurrent_ip", "allowed"), 3.0);
+    assert_eq!(decisions("concurrent_ip", "dry_run"), 2.0);
+    assert_eq!(
+        metric_in(
+            &text,
+            "flowgate_ws_refused_upgrades_total{scope=\"connect\"}"
+        ),
+        0.0
+    );
+    drop(held);
+    wait_released(&server).await;
+}
+
 #[test]
 fn the_documented_websocket_section_is_valid() {
     let doc = std::fs::read_to_string(concat!(
@@ -652,7 +695,7 @@ fn the_documented_websocket_section_is_valid() {
     std::fs::write(&path, yaml).unwrap();
     let policy = config::load(&[path]).unwrap_or_else(|e| panic!("{e}"));
     let ws = policy.websocket.unwrap();
-    assert_eq!(ws.limits.close_code, Some(4008));
+    assert_eq!(ws.limits.close_code, 4008);
     assert!(ws.outbound.is_some());
     ws.limits.build().unwrap();
 }

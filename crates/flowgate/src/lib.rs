@@ -24,6 +24,8 @@
 //!   descriptors and rule trees.
 //! * **WebSocket** (`ws`, feature `ws`): limits per connection, IP, user, room, slowmode and
 //!   role, message costs, error frames and close codes, transport-agnostic.
+//! * **Settings** (`settings`, feature `serde`): `Deserialize` for [`Quota`] and (with `ws`)
+//!   the WebSocket policy, so a configuration file holds the same model as the code.
 //! * **HTTP** (`http`, feature `tower`): a tower rate-limit layer for axum, hyper and tonic
 //!   with the IETF `RateLimit` headers and problem+json refusals, key extractors that find the
 //!   client behind trusted proxies, and an outbound layer that paces a client's own calls.
@@ -66,6 +68,8 @@ pub mod local;
 pub mod pipeline;
 pub mod quota;
 mod scratch;
+#[cfg(feature = "serde")]
+pub mod settings;
 pub mod simulate;
 pub mod store;
 pub mod top;

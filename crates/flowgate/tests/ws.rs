@@ -261,6 +261,87 @@ async fn new_connections_per_ip_and_the_concurrency_caps_hold() {
     assert_eq!(limiter.stats().refused(Scope::Connect), 10);
 }
 
+/// A connection layer in dry run admits what it would refuse, and records it as the message
+/// layers record theirs: `dry_run` in the decisions, never a refusal.
+#[tokio::test]
+async fn upgrade_layers_in_dry_run_admit_and_record_what_they_would_refuse() {
+    let (clock, _) = clock_and_store();
+    let limiter = WsLimiter::builder()
+        .clock(clock)
+        .connections_per_ip(Quota::per_minute(2))
+        .concurrent_per_ip(3)
+        .concurrent_per_user(10)
+        .dry_run(Scope::Connect)
+        .dry_run(Scope::ConcurrentIp)
+        .build()
+        .unwrap();
+    let open: Vec<_> = (0..5)
+        .map(|_| limiter.admit(Client::new("198.51.100.7")).unwrap())
+        .collect();
+    let stats = limiter.stats();
+    // The rate would have refused the 3rd to 5th; the cap of 3 the 4th and 5th.
+    assert_eq!(stats.decisions(Scope::Connect, Outcome::Allowed), 2);
+    assert_eq!(stats.decisions(Scope::Connect, Outcome::DryRun), 3);
+    assert_eq!(stats.decisions(Scope::ConcurrentIp, Outcome::Allowed), 3);
+    assert_eq!(stats.decisions(Scope::ConcurrentIp, Outcome::DryRun), 2);
+    // Clients without a user are not counted by the per-user cap.
+    assert_eq!(stats.decisions(Scope::ConcurrentUser, Outcome::Allowed), 0);
+    assert_eq!(
+        stats.refused(Scope::Connect) + stats.refused(Scope::ConcurrentIp),
+        0
+    );
+    assert_eq!(stats.opened, 5);
+    drop(open);
+
+    // Enforced, the same layers record `rejected` beside the refusal count.
+    let enforced = WsLimiter::builder()
+        .connections_per_ip(Quota::per_minute(1))
+        .build()
+        .unwrap();
+    let _first = enforced.admit(Client::new("198.51.100.8")).unwrap();
+    assert!(enforced.admit(Client::new("198.51.100.8")).is_err());
+    let stats = enforced.stats();
+    assert_eq!(stats.decisions(Scope::Connect, Outcome::Rejected), 1);
+    assert_eq!(stats.refused(Scope::Connect), 1);
+}
+
+/// `close_after: {violations: K}`: K rejections are answered with error frames, the next
+/// violation closes — and a window later, K more are tolerated again.
+#[tokio::test]
+async fn close_after_tolerates_k_rejections_and_closes_on_the_next() {
+    let (clock, store) = clock_and_store();
+    let limiter = WsLimiter::builder()
+        .clock(clock.clone())
+        .messages(Quota::per_hour(1))
+        .close_after(3, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut s = limiter.admit(Client::new("10.7.0.1")).unwrap();
+    let verdicts = send(&mut s, &store, 5).await;
+    assert_eq!(verdicts[0], Verdict::Forward);
+    for v in &verdicts[1..4] {
+        assert!(
+            matches!(v, Verdict::Reject(r) if r.scope == Scope::Connection),
+            "{v:?}"
+        );
+    }
+    assert!(matches!(&verdicts[4], Verdict::Close(c) if c.code == close_code::POLICY_VIOLATION));
+
+    let mut patient = limiter.admit(Client::new("10.7.0.2")).unwrap();
+    let _ = send(&mut patient, &store, 3).await; // one forwarded, two rejected
+    clock.advance(Duration::from_secs(10));
+    let verdicts = send(&mut patient, &store, 4).await;
+    assert_eq!(
+        verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Reject(_)))
+            .count(),
+        3,
+        "{verdicts:?}"
+    );
+    assert!(matches!(verdicts[3], Verdict::Close(_)));
+}
+
 #[tokio::test]
 async fn a_users_connections_share_one_budget_and_roles_get_theirs() {
     let (clock, store) = clock_and_store();
@@ -489,12 +570,15 @@ fn refusals_render_as_429_with_retry_after_and_the_rate_limit_fields_when_counte
         .concurrent_per_ip(3)
         .build()
         .unwrap();
-    let item = policy_item_value("ws_connect", &quota);
+    // The rate of new connections is one policy named after its layer, everywhere.
+    let name = Scope::Connect.name();
+    assert_eq!(name, "connect");
+    let item = policy_item_value(name, &quota);
     let _a = limiter.admit(Client::new("ip")).unwrap();
     let _b = limiter.admit(Client::new("ip")).unwrap();
     let refusal = limiter.admit(Client::new("ip")).unwrap_err();
     assert_eq!(refusal.scope, Scope::Connect);
-    let response = match refusal.answer("ws_connect", &item).render(false) {
+    let response = match refusal.answer(name, &item).render(false) {
         flowgate::answer::Rendered::Refuse(response) => response,
         flowgate::answer::Rendered::Pass(_) => panic!("a refusal must refuse"),
     };
@@ -502,16 +586,20 @@ fn refusals_render_as_429_with_retry_after_and_the_rate_limit_fields_when_counte
     assert_eq!(response.headers()["retry-after"], "30");
     assert_eq!(
         response.headers()["ratelimit-policy"],
-        r#""ws_connect";q=2;w=60"#
+        r#""connect";q=2;w=60"#
     );
     let fields = response.headers()["ratelimit"].to_str().unwrap();
-    assert!(fields.starts_with(r#""ws_connect";r=0;t="#), "{fields}");
+    assert!(fields.starts_with(r#""connect";r=0;t="#), "{fields}");
+    assert_eq!(
+        limiter.refusal_response(&refusal).headers()["ratelimit-policy"],
+        r#""connect";q=2;w=60"#
+    );
 
     let capped = WsLimiter::builder().concurrent_per_ip(1).build().unwrap();
     let _held = capped.admit(Client::new("ip")).unwrap();
     let refusal = capped.admit(Client::new("ip")).unwrap_err();
     assert_eq!(refusal.scope, Scope::ConcurrentIp);
-    let response = match refusal.answer("ws_connect", &item).render(false) {
+    let response = match refusal.answer(name, &item).render(false) {
         flowgate::answer::Rendered::Refuse(response) => response,
         flowgate::answer::Rendered::Pass(_) => panic!("a refusal must refuse"),
     };

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 pub use check_config::CheckConfigArgs;
 pub use loadgen::LoadgenArgs;
-pub use serve::{LogFormat, ServeArgs};
+pub use serve::{LogFormat, ServeArgs, ServeError};
 pub use simulate::SimulateArgs;
 
 /// Flowgate: a rate limiter for a whole fleet.
@@ -28,6 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Runs the service: Envoy RLS gRPC and the HTTP API.
+    #[command(after_help = serve::ENVIRONMENT_HELP)]
     Serve(Box<ServeArgs>),
     /// Validates configuration files without starting anything (exit 0 if all are valid).
     CheckConfig(CheckConfigArgs),
@@ -44,7 +45,13 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
             init_logging(args.log_format);
-            serve::run(*args)
+            match serve::run(*args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::CheckConfig(args) => check_config::run(&args),
         Command::Loadgen(args) => loadgen::run(&args),

@@ -2,18 +2,29 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Duration;
 
 use flowgate::FailMode;
 use tokio::net::TcpListener;
 
 use crate::backend::SharedOptions;
-use crate::config::gateway::DEFAULT_LISTEN;
-use crate::config::websocket::DEFAULT_LISTEN as WS_DEFAULT_LISTEN;
+use crate::config::{ConfigErrors, ListenAddr, gateway, websocket};
 use crate::gateway::Upstream;
 use crate::server::{self, Listeners, ServerConfig};
-use crate::tls::{CertificateFiles, ListenerTls, ServerCertificate, TlsListener};
+use crate::tls::{CertificateFiles, ListenerTls, ServerCertificate, TlsFileError, TlsListener};
+
+/// What `flowgate serve --help` says after the flags: the settings that have no flag.
+pub(super) const ENVIRONMENT_HELP: &str = "\
+Environment (no flag):
+  FLOWGATE_ADMIN_TOKEN  Enables the admin endpoints (/v1/keys: read and reset counters) on the
+                        HTTP API, for requests with `Authorization: Bearer <token>`; without
+                        it they do not exist. Its value is never logged.
+  FLOWGATE_DASHBOARD    `off` (or false, 0, no) turns the dashboard off, like --no-dashboard.
+  RUST_LOG              Which log lines are written (default `info`).
+
+Addresses (--http, --grpc, --gateway, --websocket, and `listen` in the files) are IP:PORT or
+HOST:PORT; a host name is resolved at start, and the first address it resolves to is used
+(the others are logged).";
 
 /// Flags of `flowgate serve`.
 #[derive(Debug, clap::Args)]
@@ -22,12 +33,22 @@ pub struct ServeArgs {
     /// Without any, a built-in default policy is enforced (domain `default`).
     #[arg(long = "config", value_name = "FILE", env = "FLOWGATE_CONFIG")]
     pub config: Vec<PathBuf>,
-    /// Address of the HTTP API.
-    #[arg(long, default_value = "127.0.0.1:8080", env = "FLOWGATE_HTTP")]
-    pub http: SocketAddr,
-    /// Address of the Envoy rate-limit gRPC API.
-    #[arg(long, default_value = "127.0.0.1:8081", env = "FLOWGATE_GRPC")]
-    pub grpc: SocketAddr,
+    /// Address of the HTTP API (IP:PORT or HOST:PORT).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8080",
+        env = "FLOWGATE_HTTP"
+    )]
+    pub http: ListenAddr,
+    /// Address of the Envoy rate-limit gRPC API (IP:PORT or HOST:PORT).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8081",
+        env = "FLOWGATE_GRPC"
+    )]
+    pub grpc: ListenAddr,
     /// Count in Redis, so that every instance given the same Redis enforces one limit, e.g.
     /// `redis://127.0.0.1:6379/0`. Several URLs (repeated or comma-separated) are the seed
     /// nodes of a Redis Cluster. Without it, counters live in this process's memory.
@@ -110,7 +131,7 @@ pub struct ServeArgs {
         requires = "upstream",
         env = "FLOWGATE_GATEWAY"
     )]
-    pub gateway: Option<SocketAddr>,
+    pub gateway: Option<ListenAddr>,
     /// Strict readiness: `/readyz` answers 503 while the store (Redis) does not answer. Off by
     /// default: a Redis outage is what each rule's `fail` mode is for, and must not take every
     /// instance out of the load balancer at once.
@@ -127,7 +148,7 @@ pub struct ServeArgs {
     /// Address of the WebSocket gateway, served when a configuration file has a `websocket`
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
     #[arg(long, value_name = "ADDR", env = "FLOWGATE_WEBSOCKET")]
-    pub websocket: Option<SocketAddr>,
+    pub websocket: Option<ListenAddr>,
     /// Serve TLS with this PEM certificate chain (the server's certificate first), on the
     /// listeners of --tls-listeners; with --tls-key. Reloaded when the file changes and on
     /// SIGHUP (a broken file keeps the running certificate).
@@ -157,17 +178,19 @@ pub struct ServeArgs {
         env = "FLOWGATE_TLS_LISTENERS"
     )]
     pub tls_listeners: Vec<TlsListener>,
-    /// Connections each client-facing listener (HTTP and gRPC APIs, gateways) holds
-    /// open at once; more are closed as soon as accepted, and counted.
+    /// Connections each client-facing listener (the HTTP and gRPC APIs, the gateway, the
+    /// WebSocket gateway) holds open at once; more are closed as soon as accepted, and counted.
     #[arg(long, value_name = "N", default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS, env = "FLOWGATE_MAX_CONNECTIONS")]
     pub max_connections: usize,
-    /// How long a client of the gateway or WebSocket gateway may take to send a request head,
-    /// on a new connection and between requests (so also how long an idle keep-alive
-    /// connection is kept).
+    /// How long a client may take: on every listener, to send its first bytes (and to finish
+    /// the TLS handshake); on the HTTP listeners — the HTTP API, the gateway and the WebSocket
+    /// gateway — to send each request head, on a new connection and between requests (so also
+    /// how long an idle keep-alive connection is kept).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration, env = "FLOWGATE_HEADER_READ_TIMEOUT")]
     pub header_read_timeout: Duration,
-    /// The largest request head (request line and headers) the gateway and WebSocket gateway
-    /// read, in bytes; a larger one is answered 431.
+    /// The largest request head (request line and header fields) the HTTP listeners — the HTTP
+    /// API, the gateway and the WebSocket gateway — read, in bytes; a larger one is answered
+    /// 431.
     #[arg(long, value_name = "BYTES", default_value_t = crate::listen::DEFAULT_MAX_HEADER_BYTES, env = "FLOWGATE_MAX_HEADER_BYTES")]
     pub max_header_bytes: usize,
     /// The largest request body `/json` and `/v1/check` read, in bytes; a larger one is
@@ -218,14 +241,47 @@ fn dashboard_env_allows() -> bool {
     })
 }
 
-pub(super) fn run(args: ServeArgs) -> ExitCode {
-    let mut config = match ServerConfig::load(args.config) {
-        Ok(config) => config,
-        Err(errors) => {
-            tracing::error!("invalid configuration:\n{errors}");
-            return ExitCode::FAILURE;
-        }
-    };
+/// Why `flowgate serve` could not start, or stopped with an error. Each says what it is about;
+/// it is printed once, by the caller.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A configuration file is invalid (every problem, with file, line, column and field).
+    #[error("invalid configuration:\n{0}")]
+    Config(#[from] ConfigErrors),
+    /// The TLS certificate or key of `--tls-cert` cannot be used.
+    #[error("TLS certificate: {0}")]
+    Certificate(#[from] TlsFileError),
+    /// A file of the Redis TLS flags cannot be used.
+    #[error("{0}")]
+    RedisTls(String),
+    /// `--upstream` and its CA file, or the gateway's configuration, do not fit together.
+    #[error("{0}")]
+    Gateway(String),
+    /// `--websocket` was given but no file has a `websocket` section.
+    #[error("--websocket needs a `websocket` section in a configuration file")]
+    WebSocketWithoutSection,
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    /// Redis cannot be reached (the URL shown without its password).
+    #[error("{0}")]
+    Redis(String),
+    /// A listener cannot be bound.
+    #[error("cannot listen on {addr}: {error}")]
+    Listen {
+        /// The address (and the name it came from).
+        addr: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// A server failed while serving.
+    #[error("server failed: {0}")]
+    Server(std::io::Error),
+}
+
+/// Runs `flowgate serve` until it is stopped (`Ok`) or fails.
+pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let mut config = ServerConfig::load(args.config)?;
     config.noop = args.noop;
     config.ready_requires_store = args.ready_requires_store;
     config.drain_period = args.drain_period;
@@ -242,39 +298,20 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     config.admin_token = std::env::var_os("FLOWGATE_ADMIN_TOKEN")
         .and_then(|token| crate::api::AdminToken::new(token.as_encoded_bytes()));
     if let (Some(chain), Some(key)) = (args.tls_cert, args.tls_key) {
-        match ServerCertificate::load(CertificateFiles { chain, key }) {
-            Ok(certificate) => {
-                config.tls = Some(ListenerTls {
-                    certificate,
-                    listeners: args.tls_listeners.clone(),
-                });
-            }
-            Err(e) => {
-                tracing::error!("TLS certificate: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
+        config.tls = Some(ListenerTls {
+            certificate: ServerCertificate::load(CertificateFiles { chain, key })?,
+            listeners: args.tls_listeners.clone(),
+        });
     }
-    let redis_tls = match RedisTls::read(
+    let redis_tls = RedisTls::read(
         args.redis_ca_file.as_deref(),
         args.redis_cert_file
             .as_deref()
             .zip(args.redis_key_file.as_deref()),
-    ) {
-        Ok(tls) => tls,
-        Err(e) => {
-            tracing::error!("{e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    )
+    .map_err(ServeError::RedisTls)?;
     let upstream = match (args.upstream, &args.upstream_ca_file) {
-        (Some(upstream), Some(ca)) => match upstream.with_ca_file(ca) {
-            Ok(upstream) => Some(upstream),
-            Err(e) => {
-                tracing::error!("{e}");
-                return ExitCode::FAILURE;
-            }
-        },
+        (Some(upstream), Some(ca)) => Some(upstream.with_ca_file(ca).map_err(ServeError::Gateway)?),
         (upstream, _) => upstream,
     };
     let shared = SharedOptions {
@@ -284,51 +321,30 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     let gateway_addr = match &upstream {
         None => None,
         Some(upstream) => {
-            if let Err(e) = crate::gateway::effective_config(&config.policy) {
-                tracing::error!("{e}");
-                return ExitCode::FAILURE;
-            }
-            let listen = args
-                .gateway
-                .or_else(|| config.policy.gateway.as_ref().and_then(|g| g.listen));
-            let listen = match listen {
-                Some(addr) => addr,
-                None => match DEFAULT_LISTEN.parse() {
-                    Ok(addr) => addr,
-                    Err(e) => {
-                        tracing::error!("bad default gateway address: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                },
-            };
+            crate::gateway::effective_config(&config.policy).map_err(ServeError::Gateway)?;
             config.upstream = Some(upstream.clone());
-            Some(listen)
+            Some(
+                args.gateway
+                    .or_else(|| {
+                        config
+                            .policy
+                            .gateway
+                            .as_ref()
+                            .and_then(|g| g.listen.clone())
+                    })
+                    .unwrap_or_else(|| gateway::DEFAULT_LISTEN.into()),
+            )
         }
     };
     let websocket_addr = match (&config.policy.websocket, args.websocket) {
         (None, None) => None,
-        (None, Some(_)) => {
-            tracing::error!("--websocket needs a `websocket` section in a configuration file");
-            return ExitCode::FAILURE;
-        }
-        (Some(section), flag) => match flag
-            .or(section.listen)
-            .map_or_else(|| WS_DEFAULT_LISTEN.parse(), Ok)
-        {
-            Ok(addr) => Some(addr),
-            Err(e) => {
-                tracing::error!("bad default websocket address: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+        (None, Some(_)) => return Err(ServeError::WebSocketWithoutSection),
+        (Some(section), flag) => Some(
+            flag.or_else(|| section.listen.clone())
+                .unwrap_or_else(|| websocket::DEFAULT_LISTEN.into()),
+        ),
     };
-    let runtime = match super::runtime() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            tracing::error!("cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let runtime = super::runtime().map_err(ServeError::Runtime)?;
     runtime.block_on(async move {
         if !args.redis.is_empty() {
             let redis = RedisArgs {
@@ -338,47 +354,23 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
                 timeout: args.redis_timeout,
                 tls: redis_tls,
             };
-            match connect_redis(redis, shared).await {
-                Ok(backend) => config.backend = backend,
-                Err(e) => {
-                    tracing::error!("{e}");
-                    return ExitCode::FAILURE;
-                }
-            }
+            config.backend = connect_redis(redis, shared)
+                .await
+                .map_err(ServeError::Redis)?;
         }
-        let (http, grpc) = match (bind(args.http).await, bind(args.grpc).await) {
-            (Ok(http), Ok(grpc)) => (http, grpc),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::error!("{e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let gateway = match gateway_addr {
+        let http = bind(&args.http).await?;
+        let grpc = bind(&args.grpc).await?;
+        let gateway = match &gateway_addr {
+            Some(addr) => Some(bind(addr).await?),
             None => None,
-            Some(addr) => match bind(addr).await {
-                Ok(listener) => Some(listener),
-                Err(e) => {
-                    tracing::error!("{e}");
-                    return ExitCode::FAILURE;
-                }
-            },
         };
-        let websocket = match websocket_addr {
+        let websocket = match &websocket_addr {
+            Some(addr) => Some(bind(addr).await?),
             None => None,
-            Some(addr) => match bind(addr).await {
-                Ok(listener) => {
-                    tracing::info!(websocket = %addr, "websocket gateway relaying");
-                    Some(listener)
-                }
-                Err(e) => {
-                    tracing::error!("{e}");
-                    return ExitCode::FAILURE;
-                }
-            },
         };
         tracing::info!(
-            http = %args.http,
-            grpc = %args.grpc,
+            http = %bound(&http, &args.http),
+            grpc = %bound(&grpc, &args.grpc),
             rules = config.policy.rules.rules().len(),
             store = config.backend.kind(),
             dashboard = config.dashboard,
@@ -388,8 +380,11 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
         if let Some(tls) = &config.tls {
             tracing::info!(listeners = ?tls.listeners, "serving TLS");
         }
-        if let (Some(addr), Some(upstream)) = (gateway_addr, &upstream) {
-            tracing::info!(gateway = %addr, %upstream, "gateway proxying");
+        if let (Some(listener), Some(addr), Some(upstream)) = (&gateway, &gateway_addr, &upstream) {
+            tracing::info!(gateway = %bound(listener, addr), %upstream, "gateway proxying");
+        }
+        if let (Some(listener), Some(addr)) = (&websocket, &websocket_addr) {
+            tracing::info!(websocket = %bound(listener, addr), "websocket gateway relaying");
         }
         let listeners = Listeners {
             http: Some(http),
@@ -397,23 +392,35 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             gateway,
             websocket,
         };
-        match server::run(config, listeners, server::shutdown_signal()).await {
-            Ok(()) => {
-                tracing::info!("stopped");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                tracing::error!("server failed: {e}");
-                ExitCode::FAILURE
-            }
-        }
+        server::run(config, listeners, server::shutdown_signal())
+            .await
+            .map_err(ServeError::Server)?;
+        tracing::info!("stopped");
+        Ok(())
     })
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr)
+/// Binds `addr`; when it is a host name with several addresses, says which one is used.
+async fn bind(addr: &ListenAddr) -> Result<TcpListener, ServeError> {
+    if !addr.others().is_empty() {
+        tracing::info!(
+            name = addr.written(),
+            listening = %addr.addr(),
+            ignored = ?addr.others(),
+            "a host name with several addresses: listening on the first"
+        );
+    }
+    TcpListener::bind(addr.addr())
         .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+        .map_err(|error| ServeError::Listen {
+            addr: addr.to_string(),
+            error,
+        })
+}
+
+/// The address `listener` is bound to (port 0 resolved), else as given.
+fn bound(listener: &TcpListener, addr: &ListenAddr) -> SocketAddr {
+    listener.local_addr().unwrap_or(addr.addr())
 }
 
 fn parse_fail_mode(s: &str) -> Result<FailMode, String> {

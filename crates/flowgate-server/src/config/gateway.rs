@@ -20,15 +20,18 @@
 //! descriptors: ...                  # the rules the descriptors above are matched against
 //! ```
 //!
-//! The YAML is parsed in `yaml.rs` (with positions); this module holds the validated model.
+//! The YAML is read in `yaml/gateway.rs` (with positions); this module holds the validated
+//! model.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use flowgate::http::key::{ClientIp, Header, JwtClaim};
 
+use super::address::ListenAddr;
+
 /// Where the gateway listens unless the file or `--gateway` says otherwise.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8000));
 
 /// How long the gateway waits for the upstream's response head by default.
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,7 +53,7 @@ pub struct GatewayConfig {
     /// The domain of the file the section is in: the descriptors are checked against it.
     pub domain: String,
     /// `listen`, if given (`--gateway` overrides it; default [`DEFAULT_LISTEN`]).
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<ListenAddr>,
     /// How the client's address is found (trusted proxies, IPv6 prefix).
     pub client_ip: ClientIp,
     /// The request descriptors, each a list of entries; all must allow a request.

@@ -19,6 +19,7 @@
 //!       fail: closed               # extension: open | closed | local
 //! ```
 
+pub mod address;
 mod error;
 pub mod gateway;
 pub mod reload;
@@ -31,6 +32,7 @@ use std::time::SystemTime;
 
 use flowgate::envoy::{RuleErrorKind, RuleSet};
 
+pub use address::ListenAddr;
 pub use error::{ConfigError, ConfigErrors};
 pub use gateway::GatewayConfig;
 pub use websocket::WebSocketConfig;

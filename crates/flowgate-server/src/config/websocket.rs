@@ -31,23 +31,23 @@
 //!   idle_timeout: 5m
 //! ```
 //!
-//! The YAML is parsed in `yaml/websocket.rs` (with positions); this module holds the validated
-//! model.
+//! The YAML is read in `yaml/websocket.rs` (with positions); this module holds the validated
+//! model. `limits` and `outbound` are the library's own model, [`WsPolicy`]: its fields are
+//! the YAML's.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::str::FromStr;
 use std::time::Duration;
 
-use flowgate::Quota;
 use flowgate::http::key::{ClientIp, Header, JwtClaim};
-use flowgate::ws::{
-    Classifier, ErrorFrame, PenaltyConfig, Scope, WsLimiter, WsLimiterBuilder, WsPolicyError,
-};
+use flowgate::ws::{Classifier, WsPolicy};
 use http::uri::{Authority, PathAndQuery};
 
+use super::address::ListenAddr;
+
 /// Where the WebSocket gateway listens unless the file or `--websocket` says otherwise.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8001";
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8001));
 /// How long the upgrade to the upstream may take by default (connect, request, `101`).
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may carry no message in either direction by default.
@@ -64,7 +64,7 @@ pub const DEFAULT_MAX_MESSAGE: usize = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct WebSocketConfig {
     /// `listen`, if given (`--websocket` overrides it; default [`DEFAULT_LISTEN`]).
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<ListenAddr>,
     /// Where connections are relayed.
     pub upstream: WsUpstream,
     /// How the client's address is found (trusted proxies, IPv6 prefix).
@@ -77,10 +77,12 @@ pub struct WebSocketConfig {
     pub room: Option<KeySource>,
     /// Reads each client message's type, cost and room.
     pub classifier: Classifier,
-    /// The limits of client → upstream messages and of the upgrade.
-    pub limits: WsLimits,
-    /// The limits of upstream → client messages, if any.
-    pub outbound: Option<WsLimits>,
+    /// The limits of client → upstream messages and of the upgrade. Two equal policies build
+    /// the same limiter, so a reload that leaves them alone keeps the running limiter (its
+    /// open connections, caps and penalty box).
+    pub limits: WsPolicy,
+    /// The limits of upstream → client messages (message layers only), if any.
+    pub outbound: Option<WsPolicy>,
     /// Messages waiting to be written, per direction.
     pub buffer_messages: usize,
     /// Bytes waiting to be written, per direction.
@@ -125,6 +127,24 @@ impl SlowReader {
             SlowReader::Drop => "drop",
             SlowReader::Close => "close",
         }
+    }
+}
+
+impl FromStr for SlowReader {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        [SlowReader::Pause, SlowReader::Drop, SlowReader::Close]
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| format!("unknown policy `{name}`; expected one of pause, drop, close"))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SlowReader {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -186,173 +206,5 @@ impl WsUpstream {
 impl fmt::Display for WsUpstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ws://{}{}", self.authority, self.prefix)
-    }
-}
-
-/// `close_after`: close after `violations` rejections within `within`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CloseAfter {
-    /// Rejections.
-    pub violations: u64,
-    /// Within this long.
-    pub within: Duration,
-}
-
-/// Every limit of one direction, as configured: what [`WsLimiterBuilder`] is given. Two equal
-/// `WsLimits` build the same limiter, so a reload that leaves them alone keeps the running
-/// limiter (its open connections, caps and penalty box).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct WsLimits {
-    /// New connections per client IP.
-    pub connections_per_ip: Option<Quota>,
-    /// Connections open at once per client IP.
-    pub concurrent_per_ip: Option<u32>,
-    /// Connections open at once per user.
-    pub concurrent_per_user: Option<u32>,
-    /// Connections open at once on this instance.
-    pub max_connections: Option<usize>,
-    /// Messages per connection.
-    pub messages: Option<Quota>,
-    /// Messages per connection, by role.
-    pub messages_for_role: BTreeMap<String, Quota>,
-    /// Bytes per connection.
-    pub bytes: Option<Quota>,
-    /// Messages per user, across connections and instances.
-    pub user_messages: Option<Quota>,
-    /// Messages per user, by role.
-    pub user_messages_for_role: BTreeMap<String, Quota>,
-    /// Messages per room.
-    pub room_messages: Option<Quota>,
-    /// One message per interval per user and room.
-    pub slowmode: Option<Duration>,
-    /// Roles slowmode does not apply to.
-    pub slowmode_exempt: Vec<String>,
-    /// Protocol errors per connection (messages the upstream cannot be sent: invalid frames).
-    pub errors: Option<Quota>,
-    /// The largest message accepted (close 1009 beyond).
-    pub max_message_size: Option<usize>,
-    /// Cost per message type.
-    pub costs: BTreeMap<String, u64>,
-    /// Cost of other messages.
-    pub default_cost: Option<u64>,
-    /// Types that release resources: counted, never rejected.
-    pub release: Vec<String>,
-    /// Close after this many rejections within a time.
-    pub close_after: Option<CloseAfter>,
-    /// Close at this multiple of the connection rate.
-    pub close_at_multiple: Option<u64>,
-    /// The violation close code.
-    pub close_code: Option<u16>,
-    /// The violation close reason.
-    pub close_reason: Option<String>,
-    /// The error frame template.
-    pub error_frame: Option<String>,
-    /// The penalty box, if on.
-    pub penalty_box: Option<PenaltyConfig>,
-    /// Layers that count but never reject.
-    pub dry_run: Vec<Scope>,
-    /// Prefix of the store keys.
-    pub key_prefix: Option<String>,
-}
-
-/// Why a `limits` block cannot be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LimitsError {
-    /// The library refused the policy.
-    #[error(transparent)]
-    Policy(#[from] WsPolicyError),
-    /// The error frame template is wrong.
-    #[error(transparent)]
-    Frame(#[from] flowgate::ws::UnknownPlaceholder),
-}
-
-impl WsLimits {
-    /// Builds the limiter these limits describe.
-    pub fn build(&self) -> Result<WsLimiter, LimitsError> {
-        let mut b: WsLimiterBuilder = WsLimiter::builder();
-        if let Some(q) = self.connections_per_ip {
-            b = b.connections_per_ip(q);
-        }
-        if let Some(n) = self.concurrent_per_ip {
-            b = b.concurrent_per_ip(n);
-        }
-        if let Some(n) = self.concurrent_per_user {
-            b = b.concurrent_per_user(n);
-        }
-        if let Some(n) = self.max_connections {
-            b = b.max_connections(n);
-        }
-        if let Some(q) = self.messages {
-            b = b.messages(q);
-        }
-        for (role, q) in &self.messages_for_role {
-            b = b.messages_for_role(role.clone(), *q);
-        }
-        if let Some(q) = self.bytes {
-            b = b.bytes(q);
-        }
-        if let Some(q) = self.user_messages {
-            b = b.user_messages(q);
-        }
-        for (role, q) in &self.user_messages_for_role {
-            b = b.user_messages_for_role(role.clone(), *q);
-        }
-        if let Some(q) = self.room_messages {
-            b = b.room_messages(q);
-        }
-        if let Some(d) = self.slowmode {
-            b = b.slowmode(d);
-        }
-        for role in &self.slowmode_exempt {
-            b = b.slowmode_exempt(role.clone());
-        }
-        if let Some(q) = self.errors {
-            b = b.errors(q);
-        }
-        if let Some(n) = self.max_message_size {
-            b = b.max_message_size(n);
-        }
-        for (kind, cost) in &self.costs {
-            b = b.cost(kind.clone(), *cost);
-        }
-        if let Some(cost) = self.default_cost {
-            b = b.default_cost(cost);
-        }
-        for kind in &self.release {
-            b = b.release(kind.clone());
-        }
-        if let Some(c) = self.close_after {
-            b = b.close_after(c.violations, c.within);
-        }
-        if let Some(m) = self.close_at_multiple {
-            b = b.close_at_multiple(m);
-        }
-        if self.close_code.is_some() || self.close_reason.is_some() {
-            b = b.close_code(
-                self.close_code
-                    .unwrap_or(flowgate::ws::close_code::POLICY_VIOLATION),
-                self.close_reason
-                    .as_deref()
-                    .unwrap_or("rate limit exceeded"),
-            );
-        }
-        if let Some(template) = &self.error_frame {
-            b = b.error_frame(ErrorFrame::template(template)?);
-        }
-        if let Some(p) = self.penalty_box {
-            b = b.penalty_box(p);
-        }
-        for scope in &self.dry_run {
-            b = b.dry_run(*scope);
-        }
-        if let Some(prefix) = &self.key_prefix {
-            b = b.key_prefix(prefix.clone());
-        }
-        Ok(b.build()?)
-    }
-
-    /// The largest message these limits accept, else [`DEFAULT_MAX_MESSAGE`].
-    pub fn max_message(&self) -> usize {
-        self.max_message_size.unwrap_or(DEFAULT_MAX_MESSAGE)
     }
 }

@@ -66,20 +66,9 @@ impl Unit {
         }
     }
 
-    /// The unit exactly `period` long, if there is one.
-    pub fn from_period(period: Duration) -> Option<Unit> {
-        Unit::ALL.into_iter().find(|u| u.duration() == period)
-    }
-
-    /// The unit's number in Envoy's protos (`envoy.type.v3.RateLimitUnit`, and the RLS
-    /// response's `RateLimit.Unit`, which number them alike; 0 is `UNKNOWN`).
-    ///
-    /// ```
-    /// use flowgate::envoy::Unit;
-    /// assert_eq!(Unit::Week.proto_number(), 7);
-    /// assert_eq!(Unit::from_proto_number(7), Some(Unit::Week));
-    /// assert_eq!(Unit::from_proto_number(0), None);
-    /// ```
+    /// The unit's number in the RLS protocol: `envoy.type.v3.RateLimitUnit` and
+    /// `RateLimitResponse.RateLimit.Unit` number them alike (`SECOND` 1, `MINUTE` 2, `HOUR` 3,
+    /// `DAY` 4, `MONTH` 5, `YEAR` 6, `WEEK` 7; 0 is `UNKNOWN`).
     pub const fn proto_number(self) -> i32 {
         match self {
             Unit::Second => 1,
@@ -92,10 +81,15 @@ impl Unit {
         }
     }
 
-    /// The unit numbered `number` in Envoy's protos; `None` for `UNKNOWN` (0) and numbers
-    /// the protos do not define.
+    /// The unit numbered `number` in the RLS protocol ([`Unit::proto_number`]); `None` for
+    /// `UNKNOWN` (0) and numbers the protocol does not define.
     pub fn from_proto_number(number: i32) -> Option<Unit> {
         Unit::ALL.into_iter().find(|u| u.proto_number() == number)
+    }
+
+    /// The unit exactly `period` long, if there is one.
+    pub fn from_period(period: Duration) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.duration() == period)
     }
 }
 
@@ -135,5 +129,10 @@ mod tests {
             Some(Unit::Day)
         );
         assert!("fortnight".parse::<Unit>().is_err());
+        for unit in Unit::ALL {
+            assert_eq!(Unit::from_proto_number(unit.proto_number()), Some(unit));
+        }
+        assert_eq!(Unit::from_proto_number(0), None);
+        assert_eq!(Unit::from_proto_number(8), None);
     }
 }

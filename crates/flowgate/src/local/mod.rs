@@ -20,6 +20,7 @@
 mod cell;
 mod direct;
 mod keyed;
+pub(crate) mod queue;
 #[cfg(feature = "tokio")]
 mod shaper;
 pub(crate) mod table;

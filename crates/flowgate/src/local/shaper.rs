@@ -1,9 +1,10 @@
 //! [`Shaper`]: a leaky bucket that queues and delays requests instead of denying them.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::RateLimiter;
+use super::queue::WaitQueue;
 use super::wait::ReserveError;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::{Algorithm, InsufficientCapacity, Quota};
@@ -57,12 +58,10 @@ pub enum ShapeError {
 pub struct Shaper<C: Clock = MonotonicClock> {
     /// The leaky bucket that hands out departure times.
     bucket: RateLimiter<C>,
-    /// Most callers waiting at once.
-    max_queue: usize,
     /// Longest a caller may be asked to wait.
     max_delay: Duration,
-    /// Callers waiting now.
-    waiting: AtomicUsize,
+    /// Callers waiting now, at most `max_queue`.
+    queue: Arc<WaitQueue>,
 }
 
 impl Shaper<MonotonicClock> {
@@ -80,15 +79,14 @@ impl<C: Clock> Shaper<C> {
             .unwrap_or(quota);
         Shaper {
             bucket: RateLimiter::with_clock(quota, clock),
-            max_queue,
             max_delay,
-            waiting: AtomicUsize::new(0),
+            queue: WaitQueue::new(max_queue),
         }
     }
 
     /// Callers waiting now.
     pub fn queued(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.queue.len()
     }
 
     /// Waits for this caller's turn to use one unit.
@@ -117,20 +115,11 @@ impl<C: Clock> Shaper<C> {
             reservation.commit();
             return Ok(());
         }
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_queue {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(ShapeError::QueueFull {
-                max_queue: self.max_queue,
-            });
-        }
-        /// Leaves the queue however the wait ends (completed or cancelled).
-        struct Waiting<'a>(&'a AtomicUsize);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        let _waiting = Waiting(&self.waiting);
+        // A full queue drops the reservation, which gives its units back; the place leaves
+        // the queue however the wait ends (completed or cancelled).
+        let _place = self.queue.join().map_err(|full| ShapeError::QueueFull {
+            max_queue: full.max_queue,
+        })?;
         reservation.wait().await;
         Ok(())
     }

@@ -224,7 +224,7 @@ impl Gate {
                 shapers,
             } => Ok(shapers
                 .entry((instance % *instances, key))
-                .or_insert_with(ShaperModel::new)
+                .or_insert_with(|| ShaperModel::new(rule))
                 .offer(rule, cost, now)),
             Kind::Shared(store) => answered(store.check_now(Ask::new(name, quota).cost(cost))),
             Kind::Hybrid { stores, .. } => {

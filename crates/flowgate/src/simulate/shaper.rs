@@ -1,17 +1,20 @@
 //! The shaper on a simulated clock: the rule of `local::Shaper` without its tokio timer.
 //!
 //! `Shaper::until_n_ready` reserves `cost` units of a leaky bucket with `max_delay` as the
-//! most it may wait ([`Reserve::reserve`]); a reservation that must wait while `max_queue`
-//! callers are already waiting is given back, and the caller is refused. Here the same
-//! transition decides, and the "waiting callers" are the reservations whose departure time
-//! has not come yet. A test (feature `tokio`) runs the real shaper under tokio's paused clock
-//! and checks that both agree on every request.
+//! most it may wait ([`Reserve::reserve`]); a reservation that must wait takes a place in the
+//! shaper's [`WaitQueue`], and is given back (the caller refused) when the queue is full. Here
+//! the same transition decides and the same queue bounds the waiters; what tokio's timer does
+//! for the real shaper — end each wait at its departure time, which leaves the queue — the
+//! model does with its departure heap on the simulated clock. A test (feature `tokio`) runs
+//! the real shaper under tokio's paused clock and checks that both agree on every request.
 
-use std::cmp::Reverse;
+use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 use crate::algorithm::{LeakyBucket, Reserve, State};
 use crate::clock::{Nanos, nanos};
+use crate::local::queue::{Place, WaitQueue};
 use crate::quota::{Algorithm, Quota};
 
 use super::gate::Verdict;
@@ -21,8 +24,37 @@ use super::gate::Verdict;
 pub(super) struct ShaperModel {
     /// The leaky bucket that hands out departure times.
     bucket: LeakyBucket,
-    /// Departure times of the requests still waiting (earliest first).
-    waiting: BinaryHeap<Reverse<Nanos>>,
+    /// The waiting requests' places, at most `max_queue`.
+    queue: Arc<WaitQueue>,
+    /// When each waiting request leaves (earliest first), holding its place until then.
+    departures: BinaryHeap<Reverse<Departure>>,
+}
+
+/// A waiting request: when it leaves, and its place in the queue.
+#[derive(Debug)]
+struct Departure {
+    at: Nanos,
+    _place: Place,
+}
+
+impl PartialEq for Departure {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Departure {}
+
+impl PartialOrd for Departure {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Departure {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.at.cmp(&other.at)
+    }
 }
 
 /// The settings shared by every key's shaper.
@@ -50,18 +82,19 @@ impl ShaperRule {
 }
 
 impl ShaperModel {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(rule: &ShaperRule) -> Self {
         ShaperModel {
             bucket: LeakyBucket::default(),
-            waiting: BinaryHeap::new(),
+            queue: WaitQueue::new(rule.max_queue),
+            departures: BinaryHeap::new(),
         }
     }
 
     /// Offers `cost` units at `now`: admitted after a wait, or refused with the time after
     /// which trying again could succeed.
     pub(super) fn offer(&mut self, rule: &ShaperRule, cost: u64, now: Nanos) -> Verdict {
-        while self.waiting.peek().is_some_and(|&Reverse(at)| at <= now) {
-            self.waiting.pop();
+        while self.departures.peek().is_some_and(|Reverse(d)| d.at <= now) {
+            self.departures.pop();
         }
         match self.bucket.reserve(&rule.quota, cost, now, rule.max_delay) {
             // Too long a wait: it would fit once the bucket has drained the excess.
@@ -69,17 +102,22 @@ impl ShaperModel {
                 retry_after: wait - rule.max_delay,
             },
             Ok(0) => Verdict::Admitted { wait: 0 },
-            Ok(_) if self.waiting.len() >= rule.max_queue => {
-                // The shaper drops the reservation, which gives the units back; a place in
-                // the queue frees up when the first waiting request leaves.
-                self.bucket.refund(&rule.quota, cost, now);
-                let next = self.waiting.peek().map_or(1, |&Reverse(at)| at - now);
-                Verdict::Denied { retry_after: next }
-            }
-            Ok(wait) => {
-                self.waiting.push(Reverse(now + wait));
-                Verdict::Admitted { wait }
-            }
+            Ok(wait) => match self.queue.join() {
+                Ok(place) => {
+                    self.departures.push(Reverse(Departure {
+                        at: now + wait,
+                        _place: place,
+                    }));
+                    Verdict::Admitted { wait }
+                }
+                Err(_) => {
+                    // The shaper drops the reservation, which gives the units back; a place
+                    // in the queue frees up when the first waiting request leaves.
+                    self.bucket.refund(&rule.quota, cost, now);
+                    let next = self.departures.peek().map_or(1, |Reverse(d)| d.at - now);
+                    Verdict::Denied { retry_after: next }
+                }
+            },
         }
     }
 }
@@ -128,7 +166,7 @@ mod tests {
             // Let the task take its place in the queue before the next one arrives.
             tokio::task::yield_now().await;
         }
-        let mut model = ShaperModel::new();
+        let mut model = ShaperModel::new(&rule);
         let origin = 1_000_000_000_000;
         let mut refused = 0;
         for (task, &ms) in tasks.into_iter().zip(&offsets) {

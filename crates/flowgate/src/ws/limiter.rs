@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use super::message::Message;
 use super::penalty::PenaltyBox;
-use super::policy::{Rules, WsLimiterBuilder};
+use super::policy::{Rules, WsLimiterBuilder, WsPolicy};
 use super::stats::{Outcome, WsStats, WsStatsSnapshot};
 use super::verdict::{Close, Rejection, Scope, Verdict, close_code};
 use crate::clock::{Clock, MonotonicClock};
@@ -115,6 +115,9 @@ struct Live {
 
 /// The shared part of a limiter.
 struct Inner<C: Clock> {
+    /// The policy, as given.
+    policy: WsPolicy,
+    /// The policy, compiled for lookups.
     rules: Rules,
     clock: C,
     /// New connections per IP.
@@ -163,7 +166,7 @@ impl<C: Clock> Clone for WsLimiter<C> {
 impl<C: Clock> std::fmt::Debug for WsLimiter<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WsLimiter")
-            .field("rules", &self.inner.rules)
+            .field("policy", &self.inner.policy)
             .finish_non_exhaustive()
     }
 }
@@ -176,7 +179,7 @@ impl WsLimiter<MonotonicClock> {
 }
 
 impl<C: Clock + Clone> WsLimiter<C> {
-    pub(crate) fn new(rules: Rules, clock: C) -> Self {
+    pub(crate) fn new(policy: WsPolicy, rules: Rules, clock: C) -> Self {
         let connect = rules.connect_rate.map(|quota| {
             KeyedRateLimiter::builder(quota)
                 .clock(clock.clone())
@@ -190,6 +193,7 @@ impl<C: Clock + Clone> WsLimiter<C> {
                 live: Mutex::new(Live::default()),
                 stats: WsStats::default(),
                 clock,
+                policy,
                 rules,
             }),
         }
@@ -199,9 +203,23 @@ impl<C: Clock + Clone> WsLimiter<C> {
     /// concurrent caps and the rate of new connections, in that order. `Ok` is the session
     /// that judges the connection's messages and holds its place in the caps until dropped;
     /// `Err` is answered with 429 and `Retry-After` instead of upgrading.
+    ///
+    /// Each layer that applies records its decision in [`stats`](Self::stats) as the message
+    /// layers do: `allowed`, `rejected` (also counted as a refusal), or — for a layer in dry
+    /// run that would have refused — `dry_run`, and the connection goes on to the next layer.
     pub fn admit(&self, client: Client) -> Result<Session<C>, Refusal> {
         let inner = &*self.inner;
         let rules = &inner.rules;
+        // Records a layer's decision; true when it refuses the connection.
+        let refuses = |scope: Scope, over: bool| {
+            let outcome = match (over, rules.is_dry_run(scope)) {
+                (false, _) => Outcome::Allowed,
+                (true, true) => Outcome::DryRun,
+                (true, false) => Outcome::Rejected,
+            };
+            inner.stats.decided(scope, outcome);
+            outcome == Outcome::Rejected
+        };
         let refuse = |scope: Scope, retry_after: Duration, decision: Option<Decision>| {
             inner.stats.refused(scope);
             Refusal {
@@ -210,47 +228,45 @@ impl<C: Clock + Clone> WsLimiter<C> {
                 decision,
             }
         };
-        if let Some(penalty) = &inner.penalty
-            && let Some(left) = penalty.banned_for(client.who(), inner.clock.now())
-            && !rules.is_dry_run(Scope::Penalty)
-        {
-            return Err(refuse(Scope::Penalty, left, None));
+        if let Some(penalty) = &inner.penalty {
+            let banned = penalty.banned_for(client.who(), inner.clock.now());
+            if refuses(Scope::Penalty, banned.is_some())
+                && let Some(left) = banned
+            {
+                return Err(refuse(Scope::Penalty, left, None));
+            }
         }
         {
             let mut live = inner.live.lock();
-            let over = |scope, count: usize, cap: Option<usize>| {
-                (cap.is_some_and(|cap| count >= cap) && !rules.is_dry_run(scope)).then_some(scope)
-            };
             let ip_count = live.per_ip.get(&client.ip).copied().unwrap_or(0) as usize;
             let user_count = client
                 .user
                 .as_ref()
-                .and_then(|u| live.per_user.get(u).copied())
-                .unwrap_or(0) as usize;
-            let full = over(Scope::Node, live.total, rules.max_connections)
-                .or_else(|| {
-                    over(
-                        Scope::ConcurrentIp,
-                        ip_count,
-                        rules.concurrent_per_ip.map(|n| n as usize),
-                    )
-                })
-                .or_else(|| {
-                    client.user.as_ref().and_then(|_| {
-                        over(
-                            Scope::ConcurrentUser,
-                            user_count,
-                            rules.concurrent_per_user.map(|n| n as usize),
-                        )
-                    })
-                });
-            if let Some(scope) = full {
-                drop(live);
-                return Err(refuse(scope, Duration::from_secs(1), None));
+                .map(|u| live.per_user.get(u).copied().unwrap_or(0) as usize);
+            let caps = [
+                (Scope::Node, Some(live.total), rules.max_connections),
+                (
+                    Scope::ConcurrentIp,
+                    Some(ip_count),
+                    rules.concurrent_per_ip.map(|n| n as usize),
+                ),
+                (
+                    Scope::ConcurrentUser,
+                    user_count,
+                    rules.concurrent_per_user.map(|n| n as usize),
+                ),
+            ];
+            for (scope, count, cap) in caps {
+                if let (Some(count), Some(cap)) = (count, cap)
+                    && refuses(scope, count >= cap)
+                {
+                    drop(live);
+                    return Err(refuse(scope, Duration::from_secs(1), None));
+                }
             }
             if let Some(connect) = &inner.connect {
                 let decision = connect.check_key(client.ip.as_str());
-                if !decision.allowed && !rules.is_dry_run(Scope::Connect) {
+                if refuses(Scope::Connect, !decision.allowed) {
                     drop(live);
                     return Err(refuse(Scope::Connect, decision.retry_after, Some(decision)));
                 }
@@ -264,6 +280,11 @@ impl<C: Clock + Clone> WsLimiter<C> {
         inner.stats.opened.fetch_add(1, Ordering::Relaxed);
         inner.stats.live.fetch_add(1, Ordering::Relaxed);
         Ok(Session::new(self.clone(), client))
+    }
+
+    /// The policy this limiter enforces.
+    pub fn policy(&self) -> &WsPolicy {
+        &self.inner.policy
     }
 
     /// The rate of new connections per IP, if limited.

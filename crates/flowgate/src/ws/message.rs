@@ -84,7 +84,9 @@ impl Costs {
         self.release.insert(kind.into());
     }
 
-    /// The cost of `message`: its own, else its type's, else the default.
+    /// The cost of `message`: its own (a cost the message carries, e.g. read by a
+    /// [`Classifier`] at `classify.cost`, wins over its type's), else its type's, else the
+    /// default.
     pub fn cost_of(&self, message: &Message<'_>) -> u64 {
         message.cost.unwrap_or_else(|| {
             message
@@ -97,11 +99,6 @@ impl Costs {
     /// Whether `message` releases resources (counted, never rejected).
     pub fn releases(&self, message: &Message<'_>) -> bool {
         message.kind.is_some_and(|k| self.release.contains(k))
-    }
-
-    /// The listed costs, for validation.
-    pub(crate) fn all(&self) -> impl Iterator<Item = u64> + '_ {
-        self.by_kind.values().copied().chain([self.default])
     }
 }
 

@@ -19,8 +19,9 @@
 //! 3. **The verdict ladder**: a message over a limit is not forwarded and the client gets an
 //!    error frame it can act on ([`ErrorFrame`], e.g.
 //!    `{"type":"rate_limited","scope":"user","retry_after_ms":1500,"limit":20,"remaining":0}`);
-//!    after K violations within a window, or at a multiple of the rate, the connection is
-//!    closed with 1008 (code and reason configurable, e.g. 4008); the penalty box then refuses
+//!    once K rejections within a window have been answered with error frames, the next
+//!    violation — or a rate at a multiple of the connection's quota — closes the connection
+//!    with 1008 (code and reason configurable, e.g. 4008); the penalty box then refuses
 //!    the client's upgrades for a time that doubles with each repeat. Messages that release
 //!    resources (`unsubscribe`, `leave`) are counted and never rejected; every layer can be a
 //!    dry run that counts exactly as enforcement would.
@@ -71,7 +72,7 @@ mod verdict;
 pub use limiter::{Client, Refusal, Session, WsLimiter};
 pub use message::{Classified, Classifier, Costs, Message};
 pub use penalty::PenaltyConfig;
-pub use policy::{WsLimiterBuilder, WsPolicyError};
+pub use policy::{CloseAfter, WsLimiterBuilder, WsPolicy, WsPolicyError};
 pub use stats::{Outcome, SIZE_BUCKETS, WsStats, WsStatsSnapshot};
 pub use verdict::{
     Close, ErrorFrame, MAX_CLOSE_REASON, Rejection, Scope, UnknownPlaceholder, Verdict, close_code,

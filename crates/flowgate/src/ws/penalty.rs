@@ -8,10 +8,17 @@ use parking_lot::Mutex;
 
 use crate::clock::{Nanos, nanos};
 
-/// How the penalty box punishes repeat offenders.
+/// How the penalty box punishes repeat offenders. A client is the user of the connection,
+/// else its IP key (the same key as `concurrent_per_ip`: an IPv6 address by its prefix); a
+/// *violation close* is a close with the policy's violation code (`close_after`,
+/// `close_at_multiple`), not 1009 nor the errors layer's close.
+///
+/// In a configuration file (feature `serde`): `{after_closes: 3, first: 2m, max: 3d,
+/// forget_after: 3d, max_entries: 100000}`, each optional; `forget_after` defaults to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PenaltyConfig {
-    /// Violation closes before the first ban (default 3).
+    /// Violation closes within `forget_after` of each other before the first ban (default 3):
+    /// the `after_closes`-th close bans.
     pub after_closes: u32,
     /// The first ban (default 2 minutes); each further close doubles it.
     pub first: Duration,
@@ -22,6 +29,37 @@ pub struct PenaltyConfig {
     /// Most clients remembered (default 100,000); beyond, the ones whose bans end first are
     /// forgotten first.
     pub max_entries: usize,
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for PenaltyConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// The fields as written; absent ones take the defaults.
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            #[serde(default)]
+            after_closes: Option<u32>,
+            #[serde(default, deserialize_with = "crate::settings::optional_duration")]
+            first: Option<Duration>,
+            #[serde(default, deserialize_with = "crate::settings::optional_duration")]
+            max: Option<Duration>,
+            #[serde(default, deserialize_with = "crate::settings::optional_duration")]
+            forget_after: Option<Duration>,
+            #[serde(default)]
+            max_entries: Option<usize>,
+        }
+        let f = Fields::deserialize(deserializer)?;
+        let default = PenaltyConfig::default();
+        let max = f.max.unwrap_or(default.max);
+        Ok(PenaltyConfig {
+            after_closes: f.after_closes.unwrap_or(default.after_closes),
+            first: f.first.unwrap_or(default.first),
+            max,
+            forget_after: f.forget_after.unwrap_or(max),
+            max_entries: f.max_entries.unwrap_or(default.max_entries),
+        })
+    }
 }
 
 impl Default for PenaltyConfig {

@@ -8,14 +8,14 @@ use parking_lot::Mutex;
 
 use super::verdict::Scope;
 
-/// What a layer did with a message.
+/// What a layer did with a message, or with an upgrade (the connection layers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// Allowed (units taken).
     Allowed,
-    /// Rejected (not forwarded; an error frame was sent).
+    /// Rejected (a message not forwarded, an error frame sent; an upgrade refused with 429).
     Rejected,
-    /// Would have been rejected, but the layer is a dry run: forwarded.
+    /// Would have been rejected, but the layer is a dry run: forwarded (or admitted).
     DryRun,
     /// Over the limit but releasing resources (`unsubscribe`): counted, forwarded.
     Released,
@@ -53,7 +53,7 @@ pub struct WsStats {
     pub(crate) opened: AtomicU64,
     /// Connections refused before the upgrade, by scope.
     refused: [AtomicU64; Scope::ALL.len()],
-    /// Message decisions, by scope and outcome.
+    /// Decisions (messages, and upgrades for the connection layers), by scope and outcome.
     decisions: [[AtomicU64; Outcome::ALL.len()]; Scope::ALL.len()],
     /// Messages, by size bucket (`SIZE_BUCKETS`, then `+Inf`).
     sizes: [AtomicU64; SIZE_BUCKETS.len() + 1],
@@ -124,7 +124,8 @@ pub struct WsStatsSnapshot {
     pub opened: u64,
     /// Connections refused before the upgrade, per scope.
     pub refused: Vec<(Scope, u64)>,
-    /// Message decisions per scope and outcome.
+    /// Decisions per scope and outcome: messages, and upgrades for the connection layers
+    /// (`connect`, `concurrent_ip`, `concurrent_user`, `node`, `penalty`).
     pub decisions: Vec<(Scope, Outcome, u64)>,
     /// Messages per size bucket: `SIZE_BUCKETS[i]` bytes or less, then larger (not
     /// cumulative).

@@ -4,8 +4,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-/// Which layer decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which layer decided. Its [`name`](Scope::name) is how error frames, configuration
+/// (`dry_run`), metrics and the HTTP answer to a refused upgrade (`RateLimit-Policy:
+/// "connect";…`) call it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Scope {
     /// New connections per client (IP) per time, before the upgrade.
@@ -73,6 +75,34 @@ impl Scope {
     /// Its position in [`Scope::ALL`].
     pub(crate) const fn index(self) -> usize {
         self as usize
+    }
+}
+
+/// A name that is not a [`Scope`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown layer `{0}`; expected one of connect, concurrent_ip, concurrent_user, node, penalty, connection, bytes, user, room, slowmode, errors, size"
+)]
+pub struct UnknownScope(pub String);
+
+impl std::str::FromStr for Scope {
+    type Err = UnknownScope;
+
+    /// The scope [`named`](Scope::name) `name`.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Scope::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| UnknownScope(name.to_owned()))
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Scope {
+    /// Its [`name`](Scope::name).
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -260,6 +290,15 @@ impl ErrorFrame {
     }
 }
 
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for ErrorFrame {
+    /// Its template ([`ErrorFrame::template`]).
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let template = String::deserialize(deserializer)?;
+        ErrorFrame::template(&template).map_err(serde::de::Error::custom)
+    }
+}
+
 /// `d` in whole milliseconds, rounded up (a client told 0 would retry at once).
 fn ceil_millis(d: Duration) -> u128 {
     d.as_nanos().div_ceil(1_000_000)
@@ -289,6 +328,19 @@ mod tests {
             Err(UnknownPlaceholder("nope".into()))
         );
         assert_eq!(ErrorFrame::template("x{").unwrap().render(&rejection), "x{");
+    }
+
+    #[test]
+    fn scopes_parse_from_their_names() {
+        for scope in Scope::ALL {
+            assert_eq!(scope.name().parse::<Scope>(), Ok(scope));
+            assert!(
+                UnknownScope(String::new())
+                    .to_string()
+                    .contains(scope.name())
+            );
+        }
+        assert!("ws_connect".parse::<Scope>().is_err());
     }
 
     #[test]

@@ -1,18 +1,16 @@
 //! The `gateway` section: listener, trusted proxies, JWT keys and the descriptors the reverse
 //! proxy builds from each request.
 
-use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use flowgate::http::key::{ClientIp, Header, Jwt, PeerIp};
+use flowgate::http::key::{Header, Jwt};
 use http::HeaderName;
-use ipnet::IpNet;
 use serde::Deserialize;
-use serde_saphyr::Spanned;
 
-use super::pos;
+use super::Spanned;
 use crate::config::Reference;
+use crate::config::address::{Ipv6Prefix, ListenAddr, TrustedProxy, client_ip};
 use crate::config::error::ConfigError;
 use crate::config::gateway::{
     DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_UPSTREAM_MAX_CONNECTIONS, DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
@@ -25,13 +23,13 @@ use crate::config::gateway::{
 pub(super) struct GatewayYaml {
     /// Address to listen on.
     #[serde(default)]
-    listen: Option<Spanned<String>>,
+    listen: Option<ListenAddr>,
     /// Networks whose `X-Forwarded-For` is believed.
     #[serde(default)]
-    trusted_proxies: Option<Vec<Spanned<String>>>,
+    trusted_proxies: Vec<TrustedProxy>,
     /// Prefix length IPv6 clients are keyed by.
     #[serde(default)]
-    ipv6_prefix: Option<Spanned<u64>>,
+    ipv6_prefix: Option<Ipv6Prefix>,
     /// The request descriptors: lists of entries.
     #[serde(default)]
     descriptors: Option<Spanned<Vec<Vec<Spanned<EntryYaml>>>>>,
@@ -39,17 +37,17 @@ pub(super) struct GatewayYaml {
     #[serde(default)]
     jwt: Option<Spanned<JwtYaml>>,
     /// How long to wait for the upstream's response head.
-    #[serde(default)]
-    upstream_timeout: Option<Spanned<String>>,
+    #[serde(default, deserialize_with = "flowgate::settings::optional_duration")]
+    upstream_timeout: Option<Duration>,
     /// Connections to the upstream open at once.
     #[serde(default)]
     upstream_max_connections: Option<Spanned<u64>>,
     /// A request's wait for a busy pool.
-    #[serde(default)]
-    upstream_queue_timeout: Option<Spanned<String>>,
+    #[serde(default, deserialize_with = "flowgate::settings::optional_duration")]
+    upstream_queue_timeout: Option<Duration>,
     /// Silence allowed in a body.
-    #[serde(default)]
-    body_idle_timeout: Option<Spanned<String>>,
+    #[serde(default, deserialize_with = "flowgate::settings::optional_duration")]
+    body_idle_timeout: Option<Duration>,
     /// `overwrite` or `append`: untrusted clients' forwarding fields.
     #[serde(default)]
     forwarded: Option<Spanned<String>>,
@@ -106,95 +104,18 @@ pub(super) fn convert_gateway(
         ));
     };
 
-    let listen = g
-        .listen
-        .as_ref()
-        .and_then(|l| match l.value.parse::<SocketAddr>() {
-            Ok(addr) => Some(addr),
-            Err(_) => {
-                error(
-                    pos(&l.referenced),
-                    "listen",
-                    format!(
-                        "`{}` is not an address; write e.g. `127.0.0.1:8000`",
-                        l.value
-                    ),
-                );
-                None
-            }
-        });
-    let mut trusted = Vec::new();
-    for net in g.trusted_proxies.iter().flatten() {
-        let text = net.value.trim();
-        match (text.parse::<IpNet>(), text.parse::<IpAddr>()) {
-            (Ok(net), _) => trusted.push(net),
-            (_, Ok(ip)) => trusted.push(IpNet::from(ip)),
-            _ => error(
-                pos(&net.referenced),
-                "trusted_proxies",
-                format!(
-                    "`{}` is not a network or address; write e.g. `10.0.0.0/8` or `192.0.2.1`",
-                    net.value
-                ),
-            ),
-        }
-    }
-    let mut peer = PeerIp::new();
-    if let Some(prefix) = &g.ipv6_prefix {
-        match u8::try_from(prefix.value) {
-            Ok(bits) if bits <= 128 => peer = peer.ipv6_prefix(bits),
-            _ => error(
-                pos(&prefix.referenced),
-                "ipv6_prefix",
-                "must be between 0 and 128".into(),
-            ),
-        }
-    }
-    let mut duration = |field: &str, value: &Option<Spanned<String>>, default: Duration| {
-        let Some(t) = value else {
-            return Some(default);
-        };
-        match humantime::parse_duration(&t.value) {
-            Ok(d) if d > Duration::ZERO => Some(d),
-            Ok(_) => {
-                error(pos(&t.referenced), field, "must be longer than zero".into());
-                None
-            }
-            Err(e) => {
-                error(
-                    pos(&t.referenced),
-                    field,
-                    format!(
-                        "`{}` is not a duration ({e}); write e.g. `30s`, `500ms`",
-                        t.value
-                    ),
-                );
-                None
-            }
-        }
-    };
-    let upstream_timeout = duration(
-        "upstream_timeout",
-        &g.upstream_timeout,
-        DEFAULT_UPSTREAM_TIMEOUT,
-    );
-    let upstream_queue_timeout = duration(
-        "upstream_queue_timeout",
-        &g.upstream_queue_timeout,
-        DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
-    );
-    let body_idle_timeout = duration(
-        "body_idle_timeout",
-        &g.body_idle_timeout,
-        DEFAULT_BODY_IDLE_TIMEOUT,
-    );
+    let upstream_timeout = g.upstream_timeout.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT);
+    let upstream_queue_timeout = g
+        .upstream_queue_timeout
+        .unwrap_or(DEFAULT_UPSTREAM_QUEUE_TIMEOUT);
+    let body_idle_timeout = g.body_idle_timeout.unwrap_or(DEFAULT_BODY_IDLE_TIMEOUT);
     let upstream_max_connections = match &g.upstream_max_connections {
         None => Some(DEFAULT_UPSTREAM_MAX_CONNECTIONS),
         Some(n) => match usize::try_from(n.value) {
             Ok(n) if (1..=1_000_000).contains(&n) => Some(n),
             _ => {
                 error(
-                    pos(&n.referenced),
+                    n.at,
                     "upstream_max_connections",
                     "must be between 1 and 1000000".into(),
                 );
@@ -213,7 +134,7 @@ pub(super) fn convert_gateway(
             for entries in &list.value {
                 if entries.is_empty() {
                     error(
-                        pos(&list.referenced),
+                        list.at,
                         "descriptors",
                         "a descriptor needs at least one entry".into(),
                     );
@@ -221,16 +142,12 @@ pub(super) fn convert_gateway(
                 }
                 let mut built = Vec::with_capacity(entries.len());
                 for entry in entries {
-                    let at = pos(&entry.referenced);
+                    let at = entry.at;
                     let e = &entry.value;
                     let source = convert_source(e, jwt.as_ref(), g.jwt.is_some(), at, &mut error);
                     let key = match &e.as_key {
                         Some(k) if k.value.is_empty() => {
-                            error(
-                                pos(&k.referenced),
-                                "descriptors.as",
-                                "must not be empty".into(),
-                            );
+                            error(k.at, "descriptors.as", "must not be empty".into());
                             None
                         }
                         Some(k) => Some(k.value.clone()),
@@ -244,7 +161,7 @@ pub(super) fn convert_gateway(
             }
         }
         Some(list) => error(
-            pos(&list.referenced),
+            list.at,
             "descriptors",
             "must list at least one descriptor".into(),
         ),
@@ -261,7 +178,7 @@ pub(super) fn convert_gateway(
         Some(("append", _)) => Forwarded::Append,
         Some((other, f)) => {
             error(
-                pos(&f.referenced),
+                f.at,
                 "forwarded",
                 format!("`{other}` is not `overwrite` or `append`"),
             );
@@ -275,13 +192,13 @@ pub(super) fn convert_gateway(
     Some(GatewayConfig {
         forwarded,
         domain: domain.to_owned(),
-        listen,
-        client_ip: ClientIp::new(trusted).peer_ip(peer),
+        listen: g.listen,
+        client_ip: client_ip(&g.trusted_proxies, g.ipv6_prefix),
         descriptors,
-        upstream_timeout: upstream_timeout?,
+        upstream_timeout,
         upstream_max_connections: upstream_max_connections?,
-        upstream_queue_timeout: upstream_queue_timeout?,
-        body_idle_timeout: body_idle_timeout?,
+        upstream_queue_timeout,
+        body_idle_timeout,
     })
 }
 
@@ -293,13 +210,13 @@ pub(super) fn convert_jwt(
     references: &mut Vec<Reference>,
     error: &mut impl FnMut((u64, u64), &str, String),
 ) -> Option<Jwt> {
-    let at = pos(&j.referenced);
+    let at = j.at;
     match (&j.value.hs256_secret_env, &j.value.rs256_public_key_file) {
         (Some(env), None) => match std::env::var(&env.value) {
             Ok(secret) if !secret.is_empty() => Some(Jwt::hs256(secret.as_bytes())),
             _ => {
                 error(
-                    pos(&env.referenced),
+                    env.at,
                     "jwt.hs256_secret_env",
                     format!("the environment variable `{}` is not set", env.value),
                 );
@@ -323,11 +240,7 @@ pub(super) fn convert_jwt(
             match built {
                 Ok(jwt) => Some(jwt),
                 Err(message) => {
-                    error(
-                        pos(&key_file.referenced),
-                        "jwt.rs256_public_key_file",
-                        message,
-                    );
+                    error(key_file.at, "jwt.rs256_public_key_file", message);
                     None
                 }
             }
@@ -360,7 +273,7 @@ fn convert_source(
         "remote_address" | "path" | "method" | "host" => (false, false, false),
         other => {
             error(
-                pos(&e.key.referenced),
+                e.key.at,
                 "descriptors.key",
                 format!(
                     "unknown source `{other}`; expected one of {}",
@@ -379,7 +292,7 @@ fn convert_source(
         match given {
             Some(v) if !wanted => {
                 error(
-                    pos(&v.referenced),
+                    v.at,
                     &format!("descriptors.{field}"),
                     format!("does not apply to `key: {source}`"),
                 );
@@ -413,7 +326,7 @@ fn convert_source(
                 }
                 Err(_) => {
                     error(
-                        pos(&h.referenced),
+                        h.at,
                         "descriptors.header",
                         format!("`{}` is not a header name", h.value),
                     );
@@ -424,11 +337,7 @@ fn convert_source(
         "jwt_claim" => {
             let c = e.claim.as_ref()?;
             if c.value.is_empty() {
-                error(
-                    pos(&c.referenced),
-                    "descriptors.claim",
-                    "must not be empty".into(),
-                );
+                error(c.at, "descriptors.claim", "must not be empty".into());
                 return None;
             }
             match jwt {
@@ -440,7 +349,7 @@ fn convert_source(
                     // A broken `jwt` block is reported on its own.
                     if !jwt_configured {
                         error(
-                            pos(&e.key.referenced),
+                            e.key.at,
                             "descriptors.key",
                             "`jwt_claim` needs a `gateway.jwt` block saying how tokens are verified"
                                 .into(),

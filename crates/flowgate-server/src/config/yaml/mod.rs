@@ -1,12 +1,23 @@
 //! The YAML file format: envoyproxy/ratelimit's, plus Flowgate's extensions inside
-//! `rate_limit` (`algorithm`, `burst`, `period`, `fail`) and the top-level `gateway` section.
-//! Parsed with positions so every error names its line, column and field.
+//! `rate_limit` (`algorithm`, `burst`, `period`, `fail`) and the top-level `gateway` and
+//! `websocket` sections. Every problem of a file is reported at once, each with its line,
+//! column and field.
 //!
-//! * this module: a file's top level, positions, syntax errors;
+//! * this module: a file's top level, syntax errors, the field names errors use;
+//! * [`node`]: the document as a tree of positioned nodes; [`de`]: typed sections read from
+//!   it with serde, every problem found;
 //! * [`rules`]: `descriptors` and `rate_limit`;
-//! * [`gateway`]: the `gateway` section.
+//! * [`gateway`]: the `gateway` section; [`websocket`]: the `websocket` section.
+//!
+//! A field's kind is checked where it is read, once for every section: durations by
+//! `flowgate::settings` (`90s`, `1h30m`, never zero), addresses and trusted proxies by
+//! [`crate::config::address`], quotas and the WebSocket policy by the library's `Deserialize`;
+//! what depends on several fields is checked by the section's module, with the fields'
+//! positions.
 
+mod de;
 mod gateway;
+mod node;
 mod rules;
 mod websocket;
 
@@ -14,13 +25,15 @@ use std::path::Path;
 
 use flowgate::envoy::DomainSpec;
 use serde::Deserialize;
-use serde_saphyr::{Location, Spanned};
 
 use super::Reference;
 use super::error::ConfigError;
 use super::gateway::GatewayConfig;
 use super::websocket::WebSocketConfig;
+pub(crate) use de::Spanned;
+use de::{Problem, from_node};
 use gateway::{GatewayYaml, convert_gateway};
+use node::Node;
 use rules::{DescriptorYaml, convert_all};
 use websocket::{WebSocketYaml, convert_websocket};
 
@@ -61,10 +74,6 @@ impl Positions {
     }
 }
 
-pub(super) fn pos(location: &Location) -> (u64, u64) {
-    (location.line(), location.column())
-}
-
 /// One parsed file.
 #[derive(Debug)]
 pub(crate) struct Parsed {
@@ -78,21 +87,38 @@ pub(crate) struct Parsed {
     pub(crate) websocket: Option<(WebSocketConfig, (u64, u64))>,
 }
 
-/// Parses one file into its domain (and gateway section), collecting every semantic error.
-/// Files it refers to are noted in `references`.
+/// Parses one file into its domain (and its sections), collecting every problem. Files it
+/// refers to are noted in `references`.
 pub(crate) fn parse(
     file: &Path,
     text: &str,
     references: &mut Vec<Reference>,
 ) -> Result<Parsed, Vec<ConfigError>> {
-    let yaml: FileYaml = serde_saphyr::from_str(text).map_err(|e| vec![syntax_error(file, &e)])?;
+    let root = Node::parse(text).map_err(|e| vec![syntax_error(file, &e)])?;
+    if root.is_null() {
+        return Err(vec![ConfigError::file(
+            file,
+            "is empty: a configuration file needs at least `domain: NAME`",
+        )]);
+    }
+    let (yaml, problems) = from_node::<FileYaml>(&root);
+    let mut errors: Vec<ConfigError> = problems.iter().map(|p| problem(file, p)).collect();
+    // A value refused while reading is absent below: what the checks then say about its field
+    // (at the value, or missing from its mapping) was already said.
+    let left_out: Vec<&Problem> = problems
+        .iter()
+        .filter(|p| p.left_out_of.is_some())
+        .collect();
+    let Some(yaml) = yaml else {
+        return Err(errors);
+    };
+    let mut checked = Vec::new();
     let mut positions = Positions {
-        domain: pos(&yaml.domain.referenced),
+        domain: yaml.domain.at,
         rules: Vec::new(),
     };
-    let mut errors = Vec::new();
     if yaml.domain.value.is_empty() {
-        errors.push(ConfigError::at(
+        checked.push(ConfigError::at(
             file,
             positions.domain,
             Some("domain"),
@@ -105,24 +131,32 @@ pub(crate) fn parse(
         yaml.descriptors.unwrap_or_default(),
         &mut path,
         &mut positions,
-        &mut errors,
+        &mut checked,
     );
     let gateway = yaml.gateway.and_then(|g| {
-        let at = pos(&g.referenced);
+        let at = g.at;
         convert_gateway(
             file,
             &yaml.domain.value,
             g.value,
             at,
-            &mut errors,
+            &mut checked,
             references,
         )
         .map(|g| (g, at))
     });
     let websocket = yaml.websocket.and_then(|w| {
-        let at = pos(&w.referenced);
-        convert_websocket(file, w.value, at, &mut errors, references).map(|w| (w, at))
+        let at = w.at;
+        let node = root.find(&["websocket"]);
+        convert_websocket(file, w.value, at, node, &mut checked, references).map(|w| (w, at))
     });
+    errors.extend(checked.into_iter().filter(|e| {
+        !left_out.iter().any(|p| {
+            p.field.as_deref().and_then(field_name) == e.field
+                && [Some(p.at), p.left_out_of].contains(&Some((e.line, e.column)))
+        })
+    }));
+    errors.sort_by_key(|e| (e.line, e.column));
     if errors.is_empty() {
         Ok(Parsed {
             domain: DomainSpec::new(yaml.domain.value, descriptors),
@@ -135,11 +169,29 @@ pub(crate) fn parse(
     }
 }
 
+/// The name errors give a field: its path of keys (`gateway.descriptors.key`), except that a
+/// rule's fields are named relative to the rule (`rate_limit.unit`, however deep the rule is
+/// nested; `None` for the rule itself).
+fn field_name(path: &str) -> Option<String> {
+    let relative = match path.rsplit_once("descriptors[]") {
+        Some((_, rest)) if path.starts_with("descriptors[]") => rest.trim_start_matches('.'),
+        _ => path,
+    };
+    let name = relative.replace("[]", "");
+    (!name.is_empty()).then_some(name)
+}
+
+/// A problem found while reading `file`.
+fn problem(file: &Path, p: &Problem) -> ConfigError {
+    let field = p.field.as_deref().and_then(field_name);
+    ConfigError::at(file, p.at, field.as_deref(), p.message.clone())
+}
+
 fn syntax_error(file: &Path, e: &serde_saphyr::Error) -> ConfigError {
     let message = e.without_snippet().to_string();
     match e.location() {
         Some(location) if location.line() > 0 => {
-            let (line, column) = pos(&location);
+            let (line, column) = (location.line(), location.column());
             let suffix = format!(" at line {line}, column {column}");
             let message = message.strip_suffix(&suffix).unwrap_or(&message);
             ConfigError::at(file, (line, column), None, message)
@@ -191,6 +243,88 @@ mod tests {
         assert_eq!(q.algorithm(), Algorithm::default());
     }
 
+    /// Every problem of a file at once — unknown fields do not stop the reading, a wrong type
+    /// names its field — across the rules and both sections, in the file's order.
+    #[test]
+    fn every_problem_of_a_file_is_listed_at_once() {
+        let text = "\
+domain: d
+descriptors:
+  - key: k
+    valeu: v
+    rate_limit: {unit: second, requests_per_unit: -5}
+  - key: j
+    rate_limit: {unit: fortnight, requests_per_unit: 1}
+gateway:
+  listen: 127.0.0.1
+  upstream_timeout: 0s
+  descriptors: [[{key: remote_address}]]
+  trusted_proxies: [10.0.0.0/33]
+websocket:
+  upstream: ws://127.0.0.1:9000
+  limits:
+    messages: {limit: 10, per: 1s}
+    concurrent_per_ip: 0
+    close_code: 1005
+    costs: {subscribe: 50}
+    slowmode: soon
+    dry_run: [connect, ws_connect]
+    typo: 1
+  outbound:
+    concurrent_per_ip: 5
+  buffer: {messages: 0}
+  slow_reader: stall
+";
+        let found = errors(text);
+        let expected = [
+            "f.yaml:4:5: unknown field `valeu`; expected one of `key`, `value`, `rate_limit`, `descriptors`, `shadow_mode`, `detailed_metric`",
+            "f.yaml:5:51: `rate_limit.requests_per_unit`: invalid value: integer `-5`, expected u64",
+            "f.yaml:7:24: `rate_limit.unit`: unknown unit `fortnight`; expected one of second, minute, hour, day, week, month, year",
+            "f.yaml:9:11: `gateway.listen`: `127.0.0.1` is not an address; write HOST:PORT, e.g. `127.0.0.1:8080` or `localhost:8080`",
+            "f.yaml:10:21: `gateway.upstream_timeout`: must be longer than zero",
+            "f.yaml:12:21: `gateway.trusted_proxies`: `10.0.0.0/33` is not a network or address; write e.g. `10.0.0.0/8` or `192.0.2.1`",
+            "f.yaml:17:24: `websocket.limits.concurrent_per_ip`: concurrent_per_ip must be at least 1",
+            "f.yaml:18:17: `websocket.limits.close_code`: close code 1005 cannot be sent: use 1008, 1000-1003, 1007-1014 or 3000-4999 (e.g. 4008)",
+            "f.yaml:19:12: `websocket.limits.costs`: a message cost of 50 can never be granted: the connection layer's burst is 10",
+            "f.yaml:20:15: `websocket.limits.slowmode`: `soon` is not a duration (expected number at 0); write e.g. `30s`, `500ms`, `1h30m`",
+            "f.yaml:21:24: `websocket.limits.dry_run`: unknown layer `ws_connect`; expected one of connect, concurrent_ip, concurrent_user, node, penalty, connection, bytes, user, room, slowmode, errors, size",
+            "f.yaml:22:5: `websocket.limits`: unknown field `typo`; expected one of `connections_per_ip`, `concurrent_per_ip`, `concurrent_per_user`, `max_connections`, `messages`, `messages_for_role`, `bytes`, `user_messages`, `user_messages_for_role`, `room_messages`, `slowmode`, `slowmode_for_room`, `slowmode_exempt`, `errors`, `max_message_size`, `costs`, `default_cost`, `release`, `close_after`, `close_at_multiple`, `close_code`, `close_reason`, `error_frame`, `penalty_box`, `dry_run`, `key_prefix`",
+            "f.yaml:24:24: `websocket.outbound.concurrent_per_ip`: limits the upgrade, which `outbound` does not see; set it under `limits`",
+            "f.yaml:25:22: `websocket.buffer.messages`: invalid value: integer `0`, expected a nonzero usize",
+            "f.yaml:26:16: `websocket.slow_reader`: unknown policy `stall`; expected one of pause, drop, close",
+        ];
+        assert_eq!(found, expected, "{found:#?}");
+    }
+
+    #[test]
+    fn fields_are_named_from_the_top_and_a_rules_from_the_rule() {
+        assert_eq!(
+            field_name("descriptors[].descriptors[].rate_limit.unit").as_deref(),
+            Some("rate_limit.unit")
+        );
+        assert_eq!(
+            field_name("descriptors[].descriptors").as_deref(),
+            Some("descriptors")
+        );
+        assert_eq!(field_name("descriptors").as_deref(), Some("descriptors"));
+        assert_eq!(field_name("descriptors[]"), None);
+        assert_eq!(
+            field_name("gateway.descriptors[][].key").as_deref(),
+            Some("gateway.descriptors.key")
+        );
+        assert_eq!(
+            errors("")[0],
+            "f.yaml: is empty: a configuration file needs at least `domain: NAME`"
+        );
+        assert_eq!(
+            errors("domain: d\ndescriptors: {key: k}\nwebsocket: [ws://x:1]\n"),
+            [
+                "f.yaml:2:14: `descriptors`: invalid type: map, expected a sequence",
+                "f.yaml:3:12: `websocket`: invalid type: sequence, expected a mapping",
+            ]
+        );
+    }
+
     #[test]
     fn errors_name_line_column_and_field() {
         assert_eq!(
@@ -227,6 +361,15 @@ mod tests {
             "f.yaml:4:17: `rate_limit.requests_per_unit`: is required (0 blocks every request)"
         );
         let dup_key = errors("domain: d\ndomain: e\n");
+        assert_eq!(
+            errors(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: many}\n"
+            ),
+            [
+                "f.yaml:4:51: `rate_limit.requests_per_unit`: invalid type: string \"many\", expected u64"
+            ],
+            "the type error is named once: not again as a missing count"
+        );
         assert!(
             dup_key[0].starts_with("f.yaml:2:1: duplicate mapping key"),
             "{dup_key:?}"

@@ -2,14 +2,13 @@
 //! extensions (`algorithm`, `burst`, `period`, `fail`).
 
 use std::path::Path;
-use std::time::Duration;
 
 use flowgate::envoy::{LimitSpec, Rate, RuleSpec, Unit};
+use flowgate::settings::parse_duration;
 use flowgate::{Algorithm, FailMode, Quota, QuotaError};
 use serde::Deserialize;
-use serde_saphyr::Spanned;
 
-use super::{Positions, pos};
+use super::{Positions, Spanned};
 use crate::config::error::ConfigError;
 
 /// One descriptor rule.
@@ -86,13 +85,11 @@ pub(super) fn convert_all(
     let mut rules = Vec::with_capacity(descriptors.len());
     for (index, descriptor) in descriptors.into_iter().enumerate() {
         path.push(index);
-        positions
-            .rules
-            .push((path.clone(), pos(&descriptor.key.referenced)));
+        positions.rules.push((path.clone(), descriptor.key.at));
         if descriptor.key.value.is_empty() {
             errors.push(ConfigError::at(
                 file,
-                pos(&descriptor.key.referenced),
+                descriptor.key.at,
                 Some("key"),
                 "must not be empty",
             ));
@@ -126,7 +123,7 @@ fn convert_limit(
     block: Spanned<RateLimitYaml>,
     errors: &mut Vec<ConfigError>,
 ) -> Option<LimitSpec> {
-    let at_block = pos(&block.referenced);
+    let at_block = block.at;
     let r = block.value;
     let before = errors.len();
     let mut error = |at: (u64, u64), field: &str, message: String| {
@@ -142,22 +139,18 @@ fn convert_limit(
     if unlimited {
         // Everything that sizes a limit contradicts `unlimited: true`.
         let sized = [
-            ("unit", r.unit.as_ref().map(|s| &s.referenced)),
-            ("period", r.period.as_ref().map(|s| &s.referenced)),
+            ("unit", r.unit.as_ref().map(|s| s.at)),
+            ("period", r.period.as_ref().map(|s| s.at)),
             (
                 "requests_per_unit",
-                r.requests_per_unit.as_ref().map(|s| &s.referenced),
+                r.requests_per_unit.as_ref().map(|s| s.at),
             ),
-            ("algorithm", r.algorithm.as_ref().map(|s| &s.referenced)),
-            ("burst", r.burst.as_ref().map(|s| &s.referenced)),
+            ("algorithm", r.algorithm.as_ref().map(|s| s.at)),
+            ("burst", r.burst.as_ref().map(|s| s.at)),
         ];
         for (field, at) in sized {
             if let Some(at) = at {
-                error(
-                    pos(at),
-                    field,
-                    "must not be set when `unlimited` is true".into(),
-                );
+                error(at, field, "must not be set when `unlimited` is true".into());
             }
         }
     }
@@ -165,38 +158,23 @@ fn convert_limit(
     let unit = r.unit.as_ref().and_then(|u| match u.value.parse::<Unit>() {
         Ok(unit) => Some(unit),
         Err(e) => {
-            error(pos(&u.referenced), "unit", e.to_string());
+            error(u.at, "unit", e.to_string());
             None
         }
     });
     let period = r
         .period
         .as_ref()
-        .and_then(|p| match humantime::parse_duration(&p.value) {
-            Ok(d) if d > Duration::ZERO => Some(d),
-            Ok(_) => {
-                error(
-                    pos(&p.referenced),
-                    "period",
-                    "must be longer than zero".into(),
-                );
-                None
-            }
+        .and_then(|p| match parse_duration(&p.value) {
+            Ok(d) => Some(d),
             Err(e) => {
-                error(
-                    pos(&p.referenced),
-                    "period",
-                    format!(
-                        "`{}` is not a duration ({e}); write e.g. `90s`, `5m`, `1h30m`",
-                        p.value
-                    ),
-                );
+                error(p.at, "period", e.to_string());
                 None
             }
         });
     if let (Some(_), Some(p)) = (&r.unit, &r.period) {
         error(
-            pos(&p.referenced),
+            p.at,
             "period",
             "give either `unit` or `period`, not both".into(),
         );
@@ -207,7 +185,7 @@ fn convert_limit(
         .and_then(|a| match a.value.parse::<Algorithm>() {
             Ok(algorithm) => Some(algorithm),
             Err(e) => {
-                error(pos(&a.referenced), "algorithm", e.to_string());
+                error(a.at, "algorithm", e.to_string());
                 None
             }
         });
@@ -218,7 +196,7 @@ fn convert_limit(
             Ok(mode) => Some(mode),
             Err(_) => {
                 error(
-                    pos(&f.referenced),
+                    f.at,
                     "fail",
                     format!(
                         "unknown failure mode `{}`; expected open, closed or local",
@@ -231,14 +209,10 @@ fn convert_limit(
     let mut replaces = Vec::new();
     for entry in r.replaces.into_iter().flatten() {
         if entry.name.value.is_empty() {
-            error(
-                pos(&entry.name.referenced),
-                "replaces.name",
-                "must not be empty".into(),
-            );
+            error(entry.name.at, "replaces.name", "must not be empty".into());
         } else if r.name.as_ref().is_some_and(|n| n.value == entry.name.value) {
             error(
-                pos(&entry.name.referenced),
+                entry.name.at,
                 "replaces.name",
                 format!("limit `{}` must not replace itself", entry.name.value),
             );
@@ -278,7 +252,7 @@ fn convert_limit(
             (Some(period), Some(n)) if n.value == 0 => {
                 if let Some(b) = &r.burst {
                     error(
-                        pos(&b.referenced),
+                        b.at,
                         "burst",
                         "has no effect when `requests_per_unit` is 0".into(),
                     );
@@ -289,11 +263,9 @@ fn convert_limit(
                 let algorithm = algorithm.unwrap_or_default();
                 let built = Quota::new(n.value, period)
                     .and_then(|q| q.with_algorithm(algorithm))
-                    .map_err(|e| ("requests_per_unit", &n.referenced, e))
+                    .map_err(|e| ("requests_per_unit", n.at, e))
                     .and_then(|q| match &r.burst {
-                        Some(b) => q
-                            .with_burst(b.value)
-                            .map_err(|e| ("burst", &b.referenced, e)),
+                        Some(b) => q.with_burst(b.value).map_err(|e| ("burst", b.at, e)),
                         None => Ok(q),
                     });
                 match built {
@@ -305,7 +277,7 @@ fn convert_limit(
                             ),
                             other => other.to_string(),
                         };
-                        error(pos(at), field, message);
+                        error(at, field, message);
                         None
                     }
                 }

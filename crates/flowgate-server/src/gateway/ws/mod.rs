@@ -47,7 +47,7 @@ use crate::config::websocket::WebSocketConfig;
 use crate::listen::Acceptor;
 
 /// The name the rate of new connections is reported under in `RateLimit-Policy`.
-pub const CONNECT_LIMIT_NAME: &str = "ws_connect";
+pub const CONNECT_LIMIT_NAME: &str = flowgate::ws::Scope::Connect.name();
 
 /// The running `websocket` section and the limiters built from it.
 pub(crate) struct Runtime {

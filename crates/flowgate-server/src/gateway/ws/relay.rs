@@ -167,7 +167,7 @@ impl Relay {
 
 /// The WebSocket library's bound on a message: one byte over the limiter's maximum, so that
 /// the limiter sees (and counts) the first oversized size; without a maximum, the default.
-fn transport_max(limits: &crate::config::websocket::WsLimits) -> usize {
+fn transport_max(limits: &flowgate::ws::WsPolicy) -> usize {
     match limits.max_message_size {
         Some(max) if !limits.dry_run.contains(&flowgate::ws::Scope::Size) => max.saturating_add(1),
         Some(max) => max

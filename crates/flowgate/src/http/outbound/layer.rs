@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::request::Parts;
@@ -14,6 +13,7 @@ use super::clock::PausableClock;
 use super::error::OutboundError;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::http::key::{Host, KeyExtractor};
+use crate::local::queue::{Place, WaitQueue};
 use crate::local::{RateLimiter, ReserveError};
 use crate::quota::{Algorithm, Quota};
 
@@ -110,7 +110,7 @@ impl<C: Clock + Clone> OutboundLimitLayer<C> {
             .lanes
             .lock()
             .get(key)
-            .map_or(0, |lane| lane.waiting.load(Ordering::Relaxed))
+            .map_or(0, |lane| lane.queue.len())
     }
 }
 
@@ -242,8 +242,8 @@ pub(crate) struct Lane<C: Clock> {
     limiter: RateLimiter<PausableClock<C>>,
     /// The limiter's clock, to pause it.
     pub(crate) clock: PausableClock<C>,
-    /// Requests holding a turn they have not used yet.
-    waiting: AtomicUsize,
+    /// Requests holding a turn they have not used yet, at most `max_queue`.
+    queue: Arc<WaitQueue>,
 }
 
 impl<C: Clock + Clone> Pacer<C> {
@@ -272,7 +272,7 @@ impl<C: Clock + Clone> Pacer<C> {
         let lane = Arc::new(Lane {
             limiter: RateLimiter::with_clock(quota, clock.clone()),
             clock,
-            waiting: AtomicUsize::new(0),
+            queue: WaitQueue::new(self.max_queue),
         });
         lanes.insert(key, lane.clone());
         Ok(lane)
@@ -288,14 +288,12 @@ impl<C: Clock + Clone> Pacer<C> {
                 max_delay: self.max_delay,
             });
         }
-        if lane.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_queue {
-            lane.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(OutboundError::QueueFull {
-                max_queue: self.max_queue,
-            });
-        }
+        let place = lane.queue.join().map_err(|full| OutboundError::QueueFull {
+            max_queue: full.max_queue,
+        })?;
         // From here on, dropping `turn` leaves the queue (and refunds once armed).
         let mut turn = Turn {
+            _place: place,
             lane,
             cost: 0,
             at: 0,
@@ -338,6 +336,8 @@ pub(crate) struct Turn<C: Clock> {
     deadline: tokio::time::Instant,
     /// For the error.
     max_delay: Duration,
+    /// The request's place in the lane's queue, left when the turn is dropped.
+    _place: Place,
 }
 
 impl<C: Clock> Turn<C> {
@@ -367,6 +367,5 @@ impl<C: Clock> Drop for Turn<C> {
         if self.cost > 0 {
             self.lane.limiter.refund(self.cost);
         }
-        self.lane.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
