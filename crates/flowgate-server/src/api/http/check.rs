@@ -260,6 +260,7 @@ pub(crate) fn parse_check(
         (status = 429, description = "Over a limit (the IETF RateLimit headers and Retry-After are set)", body = CheckResponse<'_>),
         (status = 400, description = "Malformed request", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is over --max-body-bytes", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The request is not `Content-Type: application/json` (a guard against cross-site requests)", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "The store could not be asked and a limit fails closed", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
     )
 )]
