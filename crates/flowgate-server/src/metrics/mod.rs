@@ -1,7 +1,7 @@
 //! Prometheus metrics (OpenMetrics text on `GET /metrics`): one registry, [`Metrics`], with a
 //! part per subsystem, each in its own file with the series it exports:
 //!
-//! * [`decisions`]: per domain and rule, as envoyproxy/ratelimit reports them:
+//! * `decisions.rs`: per domain and rule, as envoyproxy/ratelimit reports them:
 //!   `flowgate_hits_total`, `flowgate_over_limit_total`, `flowgate_near_limit_total` (≥ 80 % of
 //!   the limit used), `flowgate_within_limit_total`, `flowgate_shadow_mode_total` (denials let
 //!   through by shadow mode). Labels are `domain` and `rule` (the rule's path in its tree), so
@@ -12,18 +12,18 @@
 //!   (and their detailed series). Limit overrides sent by clients are counted under
 //!   `rule="_override"`. And the latency of each decision,
 //!   `flowgate_decision_duration_seconds{api}`.
-//! * [`store`]: `flowgate_store_errors_total{kind}`, `flowgate_fallback_decisions_total{mode}`;
+//! * `store.rs`: `flowgate_store_errors_total{kind}`, `flowgate_fallback_decisions_total{mode}`;
 //!   with a shared store (Redis), read from its fallback at each scrape:
 //!   `flowgate_store_failed_calls_total` (calls that failed transiently and fell back),
 //!   `flowgate_store_short_circuited_total` (requests decided by their `fail` mode without
 //!   trying the store, breaker open), `flowgate_store_breaker_opened_total` and
 //!   `flowgate_store_breaker_open` (1 while open).
-//! * [`memory`]: with the memory store, read from it at each scrape.
-//! * [`reloads`]: `flowgate_config_reloads_total{result}`, `flowgate_config_version`.
-//! * [`gateway`]: the HTTP gateway's responses and upstream pool.
-//! * [`listener`]: every client-facing listener (see [`crate::listen`]) and the HTTP API's
+//! * `memory.rs`: with the memory store, read from it at each scrape.
+//! * `reloads.rs`: `flowgate_config_reloads_total{result}`, `flowgate_config_version`.
+//! * `gateway.rs`: the HTTP gateway's responses and upstream pool.
+//! * `listener.rs`: every client-facing listener (see [`crate::listen`]) and the HTTP API's
 //!   body bound.
-//! * [`websocket`]: the WebSocket gateway, read from its limiters at each scrape.
+//! * `websocket.rs`: the WebSocket gateway, read from its limiters at each scrape.
 //!
 //! This module depends on nothing else in the crate (only on the library and
 //! `prometheus-client`): the subsystems import it, never the other way round (a test checks).

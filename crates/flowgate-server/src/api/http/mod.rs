@@ -12,9 +12,9 @@
 //! Malformed bodies, and bodies beyond the service's [`InputLimits`] (descriptors, entries,
 //! key and value lengths), get 400 with an RFC 9457 `application/problem+json` body; a body
 //! larger than `max_body_bytes` gets 413 with one, unread; a `POST` that is not
-//! `Content-Type: application/json` gets 415 ([`media_type`], a guard against cross-site
+//! `Content-Type: application/json` gets 415 (`media_type.rs`, a guard against cross-site
 //! requests); every decision is rendered by the one renderer ([`super::answer`]), as on gRPC
-//! and the gateway. Handlers may read the client's address ([`Peer`]).
+//! and the gateway. Handlers may read the client's address (`Peer`).
 
 pub(crate) mod admin;
 pub(crate) mod check;
@@ -57,7 +57,7 @@ pub(crate) fn peer_address(peer: &Peer) -> Option<SocketAddr> {
 /// `shutdown` completes, then waits up to `grace` for requests in flight. A request head must
 /// arrive within the acceptor's header read timeout (also the idle time of a kept-alive
 /// connection) and fit its header size limit (`431` beyond), as on the gateway. Every request
-/// carries its client's address ([`Peer`]).
+/// carries its client's address (`Peer`).
 pub async fn serve(
     acceptor: crate::listen::Acceptor,
     router: Router,

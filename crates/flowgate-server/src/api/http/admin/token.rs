@@ -50,7 +50,10 @@ pub enum AdminTokenError {
 }
 
 /// The admin endpoints' bearer token (`FLOWGATE_ADMIN_TOKEN`): compared in constant time, and
-/// never printed (its `Debug` shows nothing of it). See the [module docs](self).
+/// never printed (its `Debug` shows nothing of it). Surrounding whitespace is removed; what
+/// remains must be at least [`MIN_ADMIN_TOKEN_BYTES`] bytes of visible ASCII. Refused
+/// attempts are logged at WARN with the client's address, at most
+/// [`REFUSALS_LOGGED_PER_MINUTE`] lines a minute.
 #[derive(Clone)]
 pub struct AdminToken {
     /// The secret.
