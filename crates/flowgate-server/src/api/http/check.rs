@@ -266,6 +266,7 @@ pub(crate) fn parse_check(
 )]
 pub(crate) async fn check(
     State(service): State<Arc<Service>>,
+    _: super::media_type::JsonBody,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let body = match super::body_or_problem(&service, body) {

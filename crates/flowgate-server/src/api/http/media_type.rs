@@ -1,4 +1,4 @@
-//! The decision endpoints take JSON only: a `POST` to `/json` or `/v1/check` whose
+//! The decision endpoints take JSON only ([`JsonBody`]): a `POST` to `/json` or `/v1/check` whose
 //! `Content-Type` is not `application/json` (parameters such as `charset` allowed; the type in
 //! any case) — or that has none — is answered `415` with a problem body, before its body is
 //! read.
@@ -9,63 +9,40 @@
 //! key's quota through a service on their network. A `Content-Type: application/json` request
 //! needs a preflight, which this API never grants (it sends no CORS headers).
 
-use std::convert::Infallible;
-use std::task::{Context, Poll};
-
-use axum::extract::Request;
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::future::{Either, Ready, ready};
-use tower_layer::Layer;
-use tower_service::Service;
 
 use crate::api::problem::Problem;
 
-/// Wraps a route so that its `POST`s must be `application/json` (see the [module docs](self)).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct RequireJson;
+/// An extractor that lets a request through only if it declares a JSON body; otherwise the
+/// handler answers `415` (see the [module docs](self)). First among a handler's extractors, it
+/// refuses before the body is read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JsonBody;
 
-impl<S> Layer<S> for RequireJson {
-    type Service = RequireJsonService<S>;
+impl<S: Send + Sync> FromRequestParts<S> for JsonBody {
+    type Rejection = Response;
 
-    fn layer(&self, inner: S) -> Self::Service {
-        RequireJsonService(inner)
-    }
-}
-
-/// The service of [`RequireJson`].
-#[derive(Debug, Clone)]
-pub(crate) struct RequireJsonService<S>(S);
-
-impl<S> Service<Request> for RequireJsonService<S>
-where
-    S: Service<Request, Response = Response, Error = Infallible>,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = Either<Ready<Result<Response, Infallible>>, S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        if request.method() == Method::POST && !is_json(request.headers()) {
-            return Either::Left(ready(Ok(refusal(request.headers()))));
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Response> {
+        if is_json(&parts.headers) {
+            Ok(JsonBody)
+        } else {
+            Err(refusal(&parts.headers))
         }
-        Either::Right(self.0.call(request))
     }
 }
 
 /// Whether `headers` declare a JSON body: `application/json`, with or without parameters.
 fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            let essence = v.split(';').next().unwrap_or_default().trim();
-            essence.eq_ignore_ascii_case("application/json")
-        })
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        let v = v.as_bytes();
+        let essence = v.iter().position(|&b| b == b';').map_or(v, |end| &v[..end]);
+        essence
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"application/json")
+    })
 }
 
 /// The 415 for a request that declared `headers`' content type (or none).

@@ -82,11 +82,8 @@ pub async fn serve(
 pub fn router(service: Arc<Service>) -> Router {
     let limit = DefaultBodyLimit::max(service.input_limits().max_body_bytes);
     Router::new()
-        .route("/json", post(json).layer(media_type::RequireJson))
-        .route(
-            "/v1/check",
-            post(check::check).layer(media_type::RequireJson),
-        )
+        .route("/json", post(json))
+        .route("/v1/check", post(check::check))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -182,6 +179,7 @@ pub(crate) fn parse_json(
 )]
 pub(crate) async fn json(
     State(service): State<Arc<Service>>,
+    _: media_type::JsonBody,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let body = match body_or_problem(&service, body) {
