@@ -2,6 +2,9 @@
 //! several instances (Redis, Redis Cluster) behind the library's
 //! [`FallbackStore`], which applies each rule's `fail` mode
 //! (the mode travels with each request, [`Ask::fail`](flowgate::store::Ask::fail)).
+//!
+//! Redis URLs may hold a password: whatever the server says about them goes through
+//! [`redact_url`] (a URL) or [`redact_redis_text`] (a message that may quote one).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,5 +138,133 @@ impl Backend {
             None => "local",
             Some(_) => "shared",
         }
+    }
+}
+
+/// `url` without the secret part of its user information: `redis://:secret@host:6379` →
+/// `redis://:***@host:6379`, `redis://app:pw@host` → `redis://app:***@host`, and a user
+/// information without `:` (which may well be a password) whole: `redis://token@host` →
+/// `redis://***@host`. The user information ends at the **last** `@`, so a password with
+/// characters a URL cannot hold as they are (`#`, `/`, `?`, `@`, spaces: the URL then does not
+/// parse) is hidden too; a string without `://` is read as starting with it. Unchanged when
+/// there is no `@`.
+pub fn redact_url(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let Some(at) = url[start..].rfind('@').map(|i| start + i) else {
+        return url.to_owned();
+    };
+    let user = match url[start..at].find(':') {
+        Some(colon) => &url[start..start + colon + 1],
+        None => "",
+    };
+    format!("{}{user}***{}", &url[..start], &url[at..])
+}
+
+/// The passwords of `urls`, as written and percent-decoded (see [`redact_url`] for what counts).
+fn passwords(urls: &[String]) -> Vec<String> {
+    let mut secrets = Vec::new();
+    for url in urls {
+        let start = url.find("://").map_or(0, |i| i + 3);
+        let Some(at) = url[start..].rfind('@').map(|i| start + i) else {
+            continue;
+        };
+        let userinfo = &url[start..at];
+        let password = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
+        if password.is_empty() {
+            continue;
+        }
+        let decoded = percent_encoding::percent_decode_str(password)
+            .decode_utf8_lossy()
+            .into_owned();
+        secrets.push(password.to_owned());
+        if decoded != password {
+            secrets.push(decoded);
+        }
+    }
+    // Longest first, so that a password containing another is replaced whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets
+}
+
+/// `text` (an error from connecting to `urls`, say) with every secret of `urls` hidden: each
+/// URL as [`redact_url`] shows it, the user information of any other URL it quotes (a cluster
+/// node's), and any other occurrence of a password, as written or decoded, as `***`.
+pub fn redact_redis_text(text: &str, urls: &[String]) -> String {
+    let mut text = urls.iter().fold(text.to_owned(), |text, url| {
+        text.replace(url.as_str(), &redact_url(url))
+    });
+    // Other URLs: each `://` with what surrounds it up to a separator.
+    let separator = |c: char| c.is_whitespace() || ",\"'()<>".contains(c);
+    let mut from = 0;
+    while let Some(found) = text[from..].find("://").map(|i| from + i) {
+        let end = text[found..]
+            .find(separator)
+            .map_or(text.len(), |i| found + i);
+        let token_start = text[..found].rfind(separator).map_or(0, |i| i + 1);
+        let redacted = redact_url(&text[token_start..end]);
+        let next = token_start + redacted.len();
+        text.replace_range(token_start..end, &redacted);
+        from = next.max(found + 3).min(text.len());
+    }
+    for secret in passwords(urls) {
+        if secret != "***" {
+            text = text.replace(&secret, "***");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact_url("redis://:s3cret@10.0.0.5:6379/0"),
+            "redis://:***@10.0.0.5:6379/0"
+        );
+        assert_eq!(
+            redact_url("rediss://app:pw@r.example:6380"),
+            "rediss://app:***@r.example:6380"
+        );
+        assert_eq!(redact_url("redis://token@host"), "redis://***@host");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        // Characters that end a URL's authority, in a password: the URL does not parse, and
+        // the error quotes it.
+        assert_eq!(
+            redact_url("redis://:pa#ss@127.0.0.1:6380"),
+            "redis://:***@127.0.0.1:6380"
+        );
+        assert_eq!(redact_url("redis://:p/a?s@s@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact_url(":pw@127.0.0.1:1"), ":***@127.0.0.1:1");
+        // Over-cautious when a query holds `@`: nothing secret shows either way.
+        assert_eq!(redact_url("redis://host/0?x=@y"), "redis://***@y");
+    }
+
+    #[test]
+    fn messages_quoting_urls_or_passwords_are_redacted() {
+        let urls = [
+            "redis://:pa#ss@h:1".to_owned(),
+            "redis://u:p%40w@h:2".to_owned(),
+        ];
+        assert_eq!(
+            redact_redis_text("cannot connect to redis://:pa#ss@h:1: refused", &urls),
+            "cannot connect to redis://:***@h:1: refused"
+        );
+        // Another URL (a cluster node), and a password outside any URL, decoded or not.
+        assert_eq!(
+            redact_redis_text(
+                "node redis://u:other@h:3 failed; auth pa#ss, p@w, p%40w",
+                &urls
+            ),
+            "node redis://u:***@h:3 failed; auth ***, ***, ***"
+        );
+        let list = urls.join(",");
+        assert_eq!(
+            redact_redis_text(&format!("seeds ({list}) down"), &urls),
+            "seeds (redis://:***@h:1,redis://u:***@h:2) down"
+        );
+        assert_eq!(redact_redis_text("no URL here", &urls), "no URL here");
     }
 }

@@ -214,7 +214,7 @@ impl ServerCertificate {
         let paths = self.files();
         crate::config::reload::on_changes(
             paths.clone(),
-            move || {
+            move |_| {
                 match self.reload() {
                     Ok(CertificateReload::Replaced) => {
                         tracing::info!(

@@ -31,7 +31,7 @@ async fn server(token: Option<&str>) -> TestServer {
     let path = dir.path().join("api.yaml");
     std::fs::write(&path, API).unwrap();
     let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
-    config.admin_token = token.and_then(AdminToken::new);
+    config.admin_token = token.map(|t| AdminToken::new(t).unwrap());
     TestServer::start_with(config, dir, vec![path]).await
 }
 
@@ -69,8 +69,8 @@ async fn without_the_variable_the_endpoints_are_disabled_for_everyone() {
             );
         }
     }
-    // An empty token is no token.
-    assert!(AdminToken::new("").is_none());
+    // An empty token is refused (too short).
+    assert!(AdminToken::new("").is_err());
     server.stop().await;
 }
 
@@ -276,4 +276,159 @@ fn the_binary_takes_the_token_from_its_environment() {
             None => assert!(response.starts_with("HTTP/1.1 404"), "{response}"),
         }
     }
+}
+
+/// `flowgate serve` with `FLOWGATE_ADMIN_TOKEN=token`, its stderr to a file; waits for
+/// `/healthz`. The child, its HTTP address and the log file.
+fn serve_with_token(
+    token: &str,
+    dir: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::path::PathBuf,
+) {
+    let (http, grpc) = (free_port(), free_port());
+    let log = dir.join("stderr.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+        .args([
+            "serve",
+            "--http",
+            &http.to_string(),
+            "--grpc",
+            &grpc.to_string(),
+        ])
+        .env("FLOWGATE_ADMIN_TOKEN", token)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(http, "/healthz").is_none() {
+        if let Some(exit) = child.try_wait().unwrap() {
+            panic!("exited {exit}: {}", std::fs::read_to_string(&log).unwrap());
+        }
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, http, log)
+}
+
+fn admin_get(http: std::net::SocketAddr, token: &str) -> String {
+    let request = format!(
+        "GET /v1/keys/default/user=u HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    common::exchange_raw(http, &request).unwrap()
+}
+
+/// A token too short to be safe, or one no header could carry, stops the server before it
+/// serves anything: the error names the variable and never shows the value.
+#[test]
+fn a_short_or_unusable_token_stops_the_server_with_an_error_that_never_shows_it() {
+    for (token, says) in [
+        (
+            "Hunter2",
+            "FLOWGATE_ADMIN_TOKEN is 7 bytes long; it must be at least 16",
+        ),
+        (
+            "Hunter2\n",
+            "FLOWGATE_ADMIN_TOKEN is 7 bytes long; it must be at least 16",
+        ),
+        (
+            "Hunter2-Hunter2-\u{7}bell",
+            "FLOWGATE_ADMIN_TOKEN has a byte that an HTTP header cannot carry",
+        ),
+    ] {
+        let (http, grpc) = (free_port(), free_port());
+        let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
+            .args([
+                "serve",
+                "--http",
+                &http.to_string(),
+                "--grpc",
+                &grpc.to_string(),
+            ])
+            .env("FLOWGATE_ADMIN_TOKEN", token)
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{token:?}: {out:?}");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(log.contains(says), "{token:?}: {log}");
+        assert!(!log.contains("Hunter2"), "the token is shown: {log}");
+        assert!(http_get(http, "/healthz").is_none(), "nothing was served");
+    }
+}
+
+/// A token read from a file (a Kubernetes Secret) ends with a newline that no request can
+/// present: it is removed, the log says so (not the token), and the token works.
+#[test]
+fn a_token_with_a_trailing_newline_is_trimmed_said_so_and_works() {
+    let dir = tempfile::tempdir().unwrap();
+    for stored in [format!("{TOKEN}\n"), format!("{TOKEN}\r\n")] {
+        let (mut child, http, log) = serve_with_token(&stored, dir.path());
+        let answer = admin_get(http, TOKEN);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{stored:?}: {answer}");
+        let log = std::fs::read_to_string(&log).unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains("surrounding whitespace removed"))
+            .unwrap_or_else(|| panic!("no line about the newline: {log}"));
+        assert!(
+            line.contains("FLOWGATE_ADMIN_TOKEN") && line.contains("trailing_newline=true"),
+            "{line}"
+        );
+        assert!(!log.contains(TOKEN), "the token is logged: {log}");
+    }
+}
+
+/// Refused attempts are logged at WARN with the client's address and why — within a budget,
+/// so that a flood of wrong tokens cannot flood the log.
+#[test]
+fn refused_admin_attempts_are_logged_with_the_client_address_and_cannot_flood_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, http, log) = serve_with_token(TOKEN, dir.path());
+    let started = Instant::now();
+    let attempts = 60;
+    for i in 0..attempts {
+        let guess = format!("guess-{i:04}-0123456789");
+        assert!(admin_get(http, &guess).starts_with("HTTP/1.1 403"));
+    }
+    let request = "GET /v1/keys/default/user=u HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert!(
+        common::exchange_raw(http, request)
+            .unwrap()
+            .starts_with("HTTP/1.1 401")
+    );
+    let elapsed = started.elapsed();
+    // Flushed as written; give the last line a moment.
+    std::thread::sleep(Duration::from_millis(100));
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log).unwrap();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("admin: refused"))
+        .collect();
+    let budget = flowgate_server::api::REFUSALS_LOGGED_PER_MINUTE as usize;
+    // The burst, and one more line for each 60 / budget seconds the flood took.
+    let allowed = budget + (elapsed.as_secs() as usize * budget) / 60 + 1;
+    assert!(
+        (budget..=allowed).contains(&refused.len()),
+        "{} lines for {attempts} refusals in {elapsed:?}:\n{log}",
+        refused.len()
+    );
+    for line in &refused {
+        assert!(line.contains(" WARN "), "{line}");
+        assert!(line.contains("client=127.0.0.1"), "{line}");
+        assert!(line.contains(r#"reason="wrong bearer token""#), "{line}");
+        assert!(
+            !line.contains("user=u"),
+            "descriptor values are not logged: {line}"
+        );
+    }
+    assert!(!log.contains("guess-"), "presented tokens are never logged");
 }

@@ -254,7 +254,7 @@ fn serve_with_the_builtin_policy_then_sigterm_finishes_in_flight_calls_and_exits
                     };
                     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                     let request = format!(
-                        "POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                        "POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                         body.len()
                     );
                     if conn.write_all(request.as_bytes()).is_err() {

@@ -1,7 +1,9 @@
 //! The dashboard in a real browser (headless Chromium over the DevTools protocol, through the
 //! workspace's one helper, `testing/chromium.rs`): while load with denials runs, `/dashboard`
 //! must connect to its event stream, draw the chart, show a non-zero denied count and name
-//! the most limited key.
+//! the most limited key — under its Content-Security-Policy, which the browser enforces (an
+//! inline script does not run). With every event stream its address may open taken, the page
+//! polls the snapshot instead and still shows the denials.
 //!
 //! A screenshot goes to the test's temporary directory, and to `docs/img/dashboard.png` with
 //! `FLOWGATE_UPDATE_SCREENSHOT=1`. Without Chromium the test says so loudly and passes,
@@ -78,6 +80,17 @@ async fn the_dashboard_shows_the_chart_denials_and_the_top_limited_key() {
         secs(10),
     )
     .await;
+    // The policy is in force: a script put inline into the page does not run.
+    let inline_ran = tab
+        .eval(
+            "const s = document.createElement('script');
+             s.textContent = 'window.inlineRan = true;';
+             document.body.append(s);
+             return window.inlineRan === true;",
+        )
+        .await
+        .unwrap();
+    assert_eq!(inline_ran, serde_json::json!(false), "an inline script ran");
     let denied = tab
         .wait_for(
             "return Number(q('denied-total').dataset.value || 0);",
@@ -136,4 +149,58 @@ async fn the_dashboard_shows_the_chart_denials_and_the_top_limited_key() {
     load.await.unwrap();
     chromium.quit(tab).await;
     Arc::try_unwrap(server).ok().unwrap().stop().await;
+}
+
+/// Every stream this address may hold is taken (by this test, from the browser's own address):
+/// the page's stream is refused, so it polls `/dashboard/snapshot` and still shows the denials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_stream_of_its_address_taken_the_page_polls_and_stays_live() {
+    let Some(chromium) = Chromium::start() else {
+        return;
+    };
+    let server = TestServer::start(&[("edge.yaml", EDGE)]).await;
+    let mut held = Vec::new();
+    for _ in 0..flowgate_server::dashboard::MAX_PER_CLIENT {
+        let mut conn = std::net::TcpStream::connect(server.http).unwrap();
+        std::io::Write::write_all(
+            &mut conn,
+            b"GET /dashboard/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n",
+        )
+        .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut head = [0u8; 12];
+        std::io::Read::read_exact(&mut conn, &mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200", "the test's own stream");
+        held.push(conn);
+    }
+    // 30 a minute are allowed: the last 5 are denied.
+    for _ in 0..35 {
+        server
+            .post("/v1/check", &check("api_key", "key-noisy"))
+            .await;
+    }
+    let mut tab = chromium.tab().await;
+    tab.navigate(&format!("http://{}/dashboard", server.http))
+        .await;
+    tab.wait_for(
+        "return q('conn').dataset.state === 'polling';",
+        Duration::from_secs(10),
+    )
+    .await;
+    let denied = tab
+        .wait_for(
+            "return Number(q('denied-total').dataset.value || 0);",
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(denied.as_f64().unwrap() > 0.0, "{denied}");
+    // Still polling (the streams are still held), and the table is filled.
+    let rules = tab
+        .eval("return q('conn').dataset.state + ' ' + q('rules').tBodies[0].rows.length;")
+        .await
+        .unwrap();
+    assert_eq!(rules, serde_json::json!("polling 2"));
+    drop(held);
+    chromium.quit(tab).await;
+    server.stop().await;
 }

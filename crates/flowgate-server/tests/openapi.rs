@@ -156,7 +156,7 @@ async fn every_response_of_the_running_server_matches_openapi_json() {
     let path = dir.path().join("api.yaml");
     std::fs::write(&path, API).unwrap();
     let mut config = ServerConfig::load(vec![path.clone()]).unwrap();
-    config.admin_token = AdminToken::new(TOKEN);
+    config.admin_token = AdminToken::new(TOKEN).ok();
     let server = TestServer::start_with(config, dir, vec![path]).await;
 
     let document = server.get("/openapi.json").await;
@@ -250,6 +250,20 @@ async fn every_response_of_the_running_server_matches_openapi_json() {
         ("GET", "/dashboard".into(), vec![], String::new(), 200),
         (
             "GET",
+            "/dashboard/page.js".into(),
+            vec![],
+            String::new(),
+            200,
+        ),
+        (
+            "GET",
+            "/dashboard/page.css".into(),
+            vec![],
+            String::new(),
+            200,
+        ),
+        (
+            "GET",
             "/dashboard/snapshot".into(),
             vec![],
             String::new(),
@@ -277,6 +291,27 @@ async fn every_response_of_the_running_server_matches_openapi_json() {
             &content_type,
             &response.body,
         ));
+    }
+    // Bodies that are not declared JSON: 415 (sent raw, as the client above always says JSON).
+    for path in ["/v1/check", "/json"] {
+        let body = check("c");
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let response = common::exchange_raw(server.http, &request).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let status: u16 = head[9..12].parse().unwrap();
+        assert_eq!(status, 415, "{response}");
+        let content_type = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-type:")
+                    .map(|v| v.trim().to_owned())
+            })
+            .unwrap();
+        covered.insert(validate(&doc, "POST", path, status, &content_type, body));
     }
     // The event stream: its events' data are Snapshots; the denials above reach its top keys.
     let (status, content_type, snapshot) = event_where(&server, |s| {

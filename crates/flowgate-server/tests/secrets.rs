@@ -170,3 +170,71 @@ fn no_secret_in_logs_errors_config_or_metrics() {
         assert_secret_free(what, text);
     }
 }
+
+/// A password that makes its URL unparsable (`#` ends a URL's authority; so do `/` and `?`)
+/// is hidden too, whether the URL comes from `--redis` or `FLOWGATE_REDIS`, alone, as a
+/// cluster seed, in a list, or without a scheme: neither the password nor the URL appears.
+#[test]
+fn a_redis_url_that_does_not_parse_is_quoted_without_its_password() {
+    let secret = "Pw#9c2e-unparsable";
+    let urls = [
+        format!("redis://:{secret}@127.0.0.1:6380"),
+        format!("redis://app:{secret}@127.0.0.1:6380/0"),
+        format!("redis://:{}@127.0.0.1:6380", secret.replace('#', "/")),
+        format!("rediss://:{}@127.0.0.1:6380", secret.replace('#', "?")),
+        format!(":{secret}@127.0.0.1:6380"),
+    ];
+    for url in &urls {
+        let hidden = url
+            .split('@')
+            .next()
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_owned();
+        for (how, cluster) in [
+            ("flag", false),
+            ("env", false),
+            ("flag", true),
+            ("list", false),
+        ] {
+            let mut command = Command::new(FLOWGATE);
+            command
+                .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+                .env("RUST_LOG", "debug")
+                .env_remove("FLOWGATE_REDIS");
+            match how {
+                "env" => {
+                    command.env("FLOWGATE_REDIS", url);
+                }
+                "list" => {
+                    command.args(["--redis", &format!("redis://127.0.0.1:1,{url}")]);
+                }
+                _ => {
+                    command.args(["--redis", url]);
+                }
+            }
+            if cluster {
+                command.arg("--redis-cluster");
+            }
+            let out = command.output().unwrap();
+            let what = format!("{url} by {how} (cluster: {cluster})");
+            assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
+            let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+            assert!(
+                text.contains("cannot connect to Redis at"),
+                "{what}: {text}"
+            );
+            assert!(text.contains("***@127.0.0.1:6380"), "{what}: {text}");
+            assert!(
+                !text.contains(url.as_str()),
+                "{what}: the URL is shown: {text}"
+            );
+            assert!(
+                !text.contains(&hidden),
+                "{what}: the password is shown: {text}"
+            );
+        }
+    }
+}

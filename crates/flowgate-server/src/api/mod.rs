@@ -100,32 +100,9 @@ pub struct ReloadOutcome {
     pub errors: Vec<String>,
 }
 
-/// The admin endpoints' bearer token (`FLOWGATE_ADMIN_TOKEN`): compared in constant time, and
-/// never printed (its `Debug` shows nothing of it).
-#[derive(Clone)]
-pub struct AdminToken(Arc<[u8]>);
-
-impl AdminToken {
-    /// The token `secret`; `None` when it is empty (an empty token would admit anyone).
-    pub fn new(secret: impl AsRef<[u8]>) -> Option<Self> {
-        let secret = secret.as_ref();
-        (!secret.is_empty()).then(|| AdminToken(secret.into()))
-    }
-
-    /// Whether `presented` is the token, in time that does not depend on where they differ.
-    pub fn matches(&self, presented: &[u8]) -> bool {
-        use subtle::ConstantTimeEq as _;
-        // `ct_eq` on slices of different lengths answers at once; the length is not secret.
-        bool::from(self.0.as_ref().ct_eq(presented))
-    }
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(<redacted>)")
-    }
-}
-
+pub use http::admin::{
+    AdminToken, AdminTokenError, MIN_ADMIN_TOKEN_BYTES, REFUSALS_LOGGED_PER_MINUTE,
+};
 pub use limits::DEFAULT_MAX_BODY_BYTES;
 
 impl std::fmt::Debug for Service {
@@ -339,6 +316,23 @@ impl reload::Target for Service {
         self.active
             .store(Arc::new(Active::new(policy, version, &self.metrics)));
         self.metrics.reloaded(true, version);
+    }
+
+    fn unchanged(&self) {
+        let mut last = self.last_reload.lock();
+        if last.as_ref().is_some_and(|r| !r.ok) {
+            let version = self.active.load().version;
+            tracing::info!(
+                version,
+                "configuration files are the running configuration again; the last reload error is cleared"
+            );
+            *last = Some(ReloadOutcome {
+                at_ms: unix_millis(),
+                ok: true,
+                version,
+                errors: Vec::new(),
+            });
+        }
     }
 
     fn rejected(&self, errors: &ConfigErrors) {

@@ -137,6 +137,8 @@ use utoipa::{Modify, OpenApi};
         super::http::admin::reset,
         serve,
         crate::dashboard::page,
+        crate::dashboard::script,
+        crate::dashboard::style,
         crate::dashboard::events,
         crate::dashboard::latest,
     ),

@@ -59,9 +59,15 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
+/// Log lines to stderr at `RUST_LOG`'s levels (default `info`), as `format` says. Text lines
+/// are coloured only when stderr is a terminal (and `NO_COLOR` is not set): a file or a log
+/// collector gets plain text.
 fn init_logging(format: serve::LogFormat) {
+    use std::io::IsTerminal as _;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

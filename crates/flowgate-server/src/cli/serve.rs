@@ -274,6 +274,9 @@ pub enum ServeError {
         /// Why.
         error: std::io::Error,
     },
+    /// `FLOWGATE_ADMIN_TOKEN` is set but cannot be used (its value is never shown).
+    #[error("{0}")]
+    AdminToken(#[from] crate::api::AdminTokenError),
     /// A server failed while serving.
     #[error("server failed: {0}")]
     Server(std::io::Error),
@@ -295,8 +298,7 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
     };
     config.dashboard = !args.no_dashboard && dashboard_env_allows();
     // The admin endpoints exist only with a token; its value is never logged.
-    config.admin_token = std::env::var_os("FLOWGATE_ADMIN_TOKEN")
-        .and_then(|token| crate::api::AdminToken::new(token.as_encoded_bytes()));
+    config.admin_token = crate::api::AdminToken::from_env()?;
     if let (Some(chain), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(ListenerTls {
             certificate: ServerCertificate::load(CertificateFiles { chain, key })?,
@@ -481,7 +483,7 @@ async fn connect_redis(
     let what = redis
         .urls
         .iter()
-        .map(|url| redact_url(url))
+        .map(|url| crate::backend::redact_url(url))
         .collect::<Vec<_>>()
         .join(",");
     let redis_urls = redis.urls.clone();
@@ -504,8 +506,7 @@ async fn connect_redis(
         .connect()
         .await
         .map_err(|e| {
-            let error = e.to_string();
-            let error = redis_urls_redacted(&error, &redis_urls);
+            let error = crate::backend::redact_redis_text(&e.to_string(), &redis_urls);
             format!("cannot connect to Redis at {what}: {error}")
         })?;
     tracing::info!(redis = %what, fail = ?shared.fail, instances = shared.instances, "counting in Redis");
@@ -521,34 +522,6 @@ async fn connect_redis(
     _shared: SharedOptions,
 ) -> Result<crate::backend::Backend, String> {
     Err("--redis needs flowgate built with the `redis` feature (on by default)".to_owned())
-}
-
-/// `url` with the password of its user information replaced by `***`
-/// (`redis://:secret@host:6379` → `redis://:***@host:6379`); unchanged if it has none.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    let user = match userinfo.find(':') {
-        Some(colon) => &userinfo[..colon],
-        None => userinfo,
-    };
-    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-}
-
-/// `text` with every URL of `urls` that appears in it redacted (errors may quote them).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-fn redis_urls_redacted(text: &str, urls: &[String]) -> String {
-    urls.iter().fold(text.to_owned(), |text, url| {
-        text.replace(url.as_str(), &redact_url(url))
-    })
 }
 
 #[cfg(test)]
@@ -579,24 +552,5 @@ mod tests {
             flags += 1;
         }
         assert!(flags >= 20, "{flags} flags");
-    }
-
-    #[test]
-    fn passwords_are_redacted_from_urls() {
-        assert_eq!(
-            redact_url("redis://:s3cret@10.0.0.5:6379/0"),
-            "redis://:***@10.0.0.5:6379/0"
-        );
-        assert_eq!(
-            redact_url("rediss://app:pw@r.example:6380"),
-            "rediss://app:***@r.example:6380"
-        );
-        assert_eq!(redact_url("redis://token@host"), "redis://token:***@host");
-        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
-        assert_eq!(redact_url("redis://host/0?x=@y"), "redis://host/0?x=@y");
-        assert_eq!(
-            redis_urls_redacted("failed: redis://:pw@h/", &["redis://:pw@h/".into()]),
-            "failed: redis://:***@h/"
-        );
     }
 }

@@ -31,13 +31,18 @@ pub trait Target: Send + Sync + 'static {
     fn install(&self, policy: Policy);
     /// Reports a configuration that was rejected.
     fn rejected(&self, errors: &ConfigErrors);
+    /// Reports that the files were read again and are the running configuration (e.g. a
+    /// broken file was restored): an earlier rejection no longer describes them.
+    fn unchanged(&self);
 }
 
 /// Reloads `paths` into `target` when asked: the outcome of one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reloaded {
-    /// The files did not change.
+    /// The files are the running configuration.
     Unchanged,
+    /// The files are the ones rejected last time (nothing new to report).
+    StillRejected,
     /// A new policy is live.
     Installed,
     /// The new files are broken; the old policy stays.
@@ -83,12 +88,15 @@ pub fn reload_now(
     };
     // Unchanged texts refer to the same files: only their contents can differ.
     if digest_now(&sources, &target.current_references()) == target.current_digest() {
+        // Back to the running configuration: the same broken files again are news again.
+        *last_rejected = None;
+        target.unchanged();
         return Reloaded::Unchanged;
     }
     if let Some(rejection) = last_rejected
         && digest_now(&sources, &rejection.references) == rejection.digest
     {
-        return Reloaded::Unchanged;
+        return Reloaded::StillRejected;
     }
     let mut references = Vec::new();
     let digest_sources = sources.clone();
@@ -118,7 +126,7 @@ pub async fn watch(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     if paths.is_empty() {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Trigger>();
         spawn_sighup(tx);
         tokio::pin!(shutdown);
         loop {
@@ -140,8 +148,20 @@ pub async fn watch(
     first.extend(target.current_references());
     on_changes(
         first,
-        move || {
-            reload_now(&paths, &*target, &mut last_rejected);
+        move |trigger| {
+            let outcome = reload_now(&paths, &*target, &mut last_rejected);
+            if trigger == Trigger::Signal {
+                match outcome {
+                    Reloaded::Unchanged => {
+                        tracing::info!("SIGHUP: reload requested; nothing changed in the configuration files");
+                    }
+                    Reloaded::StillRejected => tracing::warn!(
+                        "SIGHUP: reload requested; the configuration files are still the ones rejected, the running policy stays"
+                    ),
+                    // Both say so themselves.
+                    Reloaded::Installed | Reloaded::Rejected => {}
+                }
+            }
             // A new configuration may refer to files in other directories.
             let mut files = paths.clone();
             files.extend(target.current_references());
@@ -155,23 +175,33 @@ pub async fn watch(
     .await;
 }
 
+/// What asked for a reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Trigger {
+    /// A file event in a watched directory (or the look at start).
+    Files,
+    /// SIGHUP: an operator asked, and expects an answer in the log.
+    Signal,
+}
+
 /// Watches `files`, then runs `reload` (on a blocking thread: it reads files) once, and again
 /// whenever a file in the directories of the files watched changes, or SIGHUP arrives, until
-/// `shutdown` completes. `reload` returns the files to watch from then on (added to those
-/// watched). Files are watched through their directories, so renames and symlink swaps are
-/// seen too; the watch starts before the first reload, so no change is missed in between.
+/// `shutdown` completes; `reload` is told whether a SIGHUP was among the events. It returns
+/// the files to watch from then on (added to those watched). Files are watched through their
+/// directories, so renames and symlink swaps are seen too; the watch starts before the first
+/// reload, so no change is missed in between.
 pub(crate) async fn on_changes<R>(
     files: Vec<PathBuf>,
     reload: R,
     shutdown: impl std::future::Future<Output = ()>,
 ) where
-    R: FnMut() -> Vec<PathBuf> + Send + 'static,
+    R: FnMut(Trigger) -> Vec<PathBuf> + Send + 'static,
 {
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Trigger>();
     let events = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|e| may_change_content(&e.kind)) {
-            let _ = events.send(());
+            let _ = events.send(Trigger::Files);
         }
     });
     let mut watcher = match watcher {
@@ -198,31 +228,34 @@ pub(crate) async fn on_changes<R>(
     };
     watch_more(&mut watcher, &files);
     // The files may have changed between their first load and the watch starting: look once.
-    let _ = tx.send(());
+    let _ = tx.send(Trigger::Files);
     spawn_sighup(tx);
     tokio::pin!(shutdown);
     let mut reload = Some(reload);
     let mut first = true;
     loop {
-        tokio::select! {
+        let mut trigger = tokio::select! {
             () = &mut shutdown => return,
-            event = rx.recv() => {
-                if event.is_none() {
-                    return;
-                }
-            }
-        }
+            event = rx.recv() => match event {
+                Some(trigger) => trigger,
+                None => return,
+            },
+        };
         // Let a burst of events settle, then reload once.
         if !first {
             tokio::time::sleep(SETTLE).await;
         }
         first = false;
-        while rx.try_recv().is_ok() {}
+        while let Ok(more) = rx.try_recv() {
+            if more == Trigger::Signal {
+                trigger = Trigger::Signal;
+            }
+        }
         let Some(mut reloading) = reload.take() else {
             return;
         };
         match tokio::task::spawn_blocking(move || {
-            let files = reloading();
+            let files = reloading(trigger);
             (reloading, files)
         })
         .await
@@ -264,14 +297,14 @@ fn directories(paths: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 #[cfg(unix)]
-fn spawn_sighup(tx: mpsc::UnboundedSender<()>) {
+fn spawn_sighup(tx: mpsc::UnboundedSender<Trigger>) {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::hangup()) {
         Ok(mut hup) => {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
                     tracing::debug!("SIGHUP received");
-                    if tx.send(()).is_err() {
+                    if tx.send(Trigger::Signal).is_err() {
                         return;
                     }
                 }
@@ -282,4 +315,4 @@ fn spawn_sighup(tx: mpsc::UnboundedSender<()>) {
 }
 
 #[cfg(not(unix))]
-fn spawn_sighup(_tx: mpsc::UnboundedSender<()>) {}
+fn spawn_sighup(_tx: mpsc::UnboundedSender<Trigger>) {}

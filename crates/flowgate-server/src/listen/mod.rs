@@ -33,6 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
+pub use crate::metrics::ListenerMetrics;
 use crate::tls::MaybeTls;
 
 mod serve;
@@ -71,21 +72,6 @@ impl Default for ListenLimits {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
         }
     }
-}
-
-/// What a listener reports.
-#[derive(Debug, Clone, Default)]
-pub struct ListenerMetrics {
-    /// Connections open now.
-    pub open: Gauge,
-    /// Connections closed at once because the listener was full.
-    pub refused: Counter,
-    /// Connections closed because the request head was late.
-    pub timeouts: Counter,
-    /// Request heads over the size limit.
-    pub oversized: Counter,
-    /// TLS handshakes that failed or timed out.
-    pub tls_failures: Counter,
 }
 
 /// A listener that holds at most `max_connections` connections.

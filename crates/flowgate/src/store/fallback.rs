@@ -22,6 +22,10 @@
 //! most a timeout for the first few calls and one probe per `open_for` after that, and recovery
 //! takes at most `open_for` once the store is back.
 //!
+//! With the `tracing` feature, the breaker logs each change: a WARN line when it opens (with
+//! the error that opened it) and an INFO line when it closes (with how long it was open) —
+//! one pair per outage, however many requests fell back.
+//!
 //! Each request's mode travels with it ([`Ask::fail`]), so limits with different `fail`
 //! settings can share one store; a request that names none gets the store's default
 //! ([`FallbackStoreBuilder::fail`], [`FailMode::Open`] unless set). This wrapper is the one
@@ -198,13 +202,13 @@ impl Breaker {
                 .is_ok()
     }
 
-    fn success(&self) {
+    /// Records a success; returns whether it closed the breaker (true for one caller only).
+    fn success(&self) -> bool {
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
         }
-        if self.open_until.load(Ordering::Relaxed) != 0 {
-            self.open_until.store(0, Ordering::Release);
-        }
+        self.open_until.load(Ordering::Relaxed) != 0
+            && self.open_until.swap(0, Ordering::AcqRel) != 0
     }
 
     /// Records a transient failure; returns whether it opened the breaker.
@@ -232,6 +236,8 @@ struct Counters {
     store_errors: AtomicU64,
     short_circuited: AtomicU64,
     breaker_opened: AtomicU64,
+    /// When the breaker last opened (for the log line when it closes).
+    opened_at: AtomicU64,
 }
 
 /// Counts since the store was built, for metrics (e.g.
@@ -314,11 +320,47 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
         false
     }
 
-    fn record(&self, failed: bool) {
-        if !failed {
-            self.breaker.success();
-        } else if self.breaker.failure(self.clock.now()) {
-            self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+    /// Feeds the breaker one answer of the store: `failure` is its transient error, if any.
+    fn record(&self, failure: Option<&StoreError>) {
+        match failure {
+            None => {
+                if self.breaker.success() {
+                    self.closed();
+                }
+            }
+            Some(error) => {
+                let now = self.clock.now();
+                if self.breaker.failure(now) {
+                    self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+                    self.counters.opened_at.store(now, Ordering::Relaxed);
+                    self.opened(error);
+                }
+            }
+        }
+    }
+
+    /// Says that the breaker opened because of `error`.
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    fn opened(&self, error: &StoreError) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            failures = self.breaker.threshold,
+            %error,
+            probe_every = ?Duration::from_nanos(self.breaker.open_for),
+            "shared store failing: circuit breaker open; requests are decided by their fail mode until a probe succeeds"
+        );
+    }
+
+    /// Says that the breaker closed.
+    fn closed(&self) {
+        #[cfg(feature = "tracing")]
+        {
+            let opened_at = self.counters.opened_at.load(Ordering::Relaxed);
+            let open = Duration::from_nanos(self.clock.now().saturating_sub(opened_at));
+            tracing::info!(
+                open_for = ?open,
+                "shared store answering again: circuit breaker closed"
+            );
         }
     }
 
@@ -380,7 +422,7 @@ impl<S: Store, C: Clock + Clone> Store for FallbackStore<S, C> {
             return self.fall_back(&ask);
         }
         let result = self.inner.check(ask).await;
-        self.record(matches!(&result, Err(e) if e.is_transient()));
+        self.record(result.as_ref().err().filter(|e| e.is_transient()));
         self.settle(&ask, result)
     }
 
@@ -388,8 +430,10 @@ impl<S: Store, C: Clock + Clone> Store for FallbackStore<S, C> {
     /// fallback; `None` otherwise (a remote store: ask [`check`](Store::check)).
     fn check_now(&self, ask: Ask<'_>) -> Option<Result<Decision, StoreError>> {
         let result = self.inner.check_now(ask)?;
-        if matches!(&result, Err(e) if e.is_transient()) {
-            self.record(true);
+        if let Err(e) = &result
+            && e.is_transient()
+        {
+            self.record(Some(e));
         }
         Some(self.settle(&ask, result))
     }
@@ -402,7 +446,7 @@ impl<S: Store, C: Clock + Clone> Store for FallbackStore<S, C> {
         self.record(
             results
                 .iter()
-                .any(|r| matches!(r, Err(e) if e.is_transient())),
+                .find_map(|r| r.as_ref().err().filter(|e| e.is_transient())),
         );
         results
             .into_iter()
@@ -521,6 +565,74 @@ mod tests {
             ),
             (15, 4, 11, 1)
         );
+    }
+
+    /// Log lines written while `run` runs on this thread.
+    #[cfg(feature = "tracing")]
+    async fn logged<F: std::future::Future<Output = ()>>(run: F) -> String {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        run.await;
+        drop(guard);
+        let bytes = lines.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[cfg(feature = "tracing")]
+    #[tokio::test]
+    async fn the_breaker_logs_once_when_it_opens_and_once_when_it_closes() {
+        let clock = ManualClock::new(1 << 40);
+        let store = FallbackStore::builder(Flaky::default())
+            .clock(clock.clone())
+            .failure_threshold(2)
+            .open_for(Duration::from_millis(100))
+            .build();
+        let q = Quota::per_second(10);
+        let log = logged(async {
+            let _ = store.check(Ask::new("k", &q)).await.unwrap();
+            store.inner().down.store(true, Ordering::Relaxed);
+            // Two failures open it; the calls while open and a failed probe say nothing more.
+            for _ in 0..5 {
+                let _ = store.check(Ask::new("k", &q)).await.unwrap();
+            }
+            clock.advance(Duration::from_millis(100));
+            let _ = store.check(Ask::new("k", &q)).await.unwrap();
+            store.inner().down.store(false, Ordering::Relaxed);
+            clock.advance(Duration::from_millis(150));
+            // The probe succeeds and closes it; later successes say nothing.
+            for _ in 0..3 {
+                let _ = store.check(Ask::new("k", &q)).await.unwrap();
+            }
+        })
+        .await;
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 2, "{log}");
+        assert!(lines[0].contains("WARN"), "{log}");
+        assert!(lines[0].contains("circuit breaker open"), "{log}");
+        assert!(lines[0].contains("the store is unavailable: down"), "{log}");
+        assert!(lines[0].contains("failures=2"), "{log}");
+        assert!(lines[1].contains("INFO"), "{log}");
+        assert!(lines[1].contains("circuit breaker closed"), "{log}");
+        assert!(lines[1].contains("open_for=250ms"), "{log}");
+        assert_eq!(store.stats().breaker_opened, 1);
     }
 
     #[tokio::test]

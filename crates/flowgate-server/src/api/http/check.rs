@@ -263,11 +263,13 @@ impl CheckRequest {
         (status = 429, description = "Over a limit (the IETF RateLimit headers and Retry-After are set)", body = CheckResponse<'_>),
         (status = 400, description = "Malformed request", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is over --max-body-bytes", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The request is not `Content-Type: application/json` (a guard against cross-site requests)", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "The store could not be asked and a limit fails closed", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn check(
     State(service): State<Arc<Service>>,
+    _: super::media_type::JsonBody,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let body = match super::body_or_problem(&service, body) {

@@ -11,23 +11,27 @@
 //!
 //! Malformed bodies, and bodies beyond the service's [`InputLimits`] (descriptors, entries,
 //! key and value lengths), get 400 with an RFC 9457 `application/problem+json` body; a body
-//! larger than `max_body_bytes` gets 413 with one, unread; every decision
-//! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
+//! larger than `max_body_bytes` gets 413 with one, unread; a `POST` that is not
+//! `Content-Type: application/json` gets 415 (`media_type.rs`, a guard against cross-site
+//! requests); every decision is rendered by the one renderer ([`super::answer`]), as on gRPC
+//! and the gateway. Handlers may read the client's address (`Peer`).
 
 pub(crate) mod admin;
 pub(crate) mod check;
 pub(crate) mod config;
+pub(crate) mod media_type;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use serde::Serialize;
 
 use super::Service;
@@ -39,10 +43,20 @@ use crate::metrics::Api;
 /// How long `/readyz` waits for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The client's address, as a handler extracts it ([`serve`] adds it to every request; absent
+/// when the router is served some other way).
+pub(crate) type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+/// The address in `peer`, if any.
+pub(crate) fn peer_address(peer: &Peer) -> Option<SocketAddr> {
+    peer.as_ref().map(|Extension(ConnectInfo(addr))| *addr)
+}
+
 /// Serves `router` (the API, with the dashboard when on) over HTTP/1.1 on `acceptor` until
 /// `shutdown` completes, then waits up to `grace` for requests in flight. A request head must
 /// arrive within the acceptor's header read timeout (also the idle time of a kept-alive
-/// connection) and fit its header size limit (`431` beyond), as on the gateway.
+/// connection) and fit its header size limit (`431` beyond), as on the gateway. Every request
+/// carries its client's address (`Peer`).
 pub async fn serve(
     acceptor: crate::listen::Acceptor,
     router: Router,
@@ -52,10 +66,12 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new());
     crate::listen::configure(&mut http, acceptor.limits());
-    crate::listen::serve_connections(acceptor, "http", shutdown, grace, |stream, _| {
+    crate::listen::serve_connections(acceptor, "http", shutdown, grace, |stream, peer| {
+        use tower_layer::Layer as _;
+        let router = Extension(ConnectInfo(peer)).layer(router.clone());
         http.serve_connection(
             hyper_util::rt::TokioIo::new(stream),
-            hyper_util::service::TowerToHyperService::new(router.clone()),
+            hyper_util::service::TowerToHyperService::new(router),
         )
     })
     .await
@@ -146,11 +162,13 @@ pub(crate) fn parse_json(body: &[u8], limits: &InputLimits) -> Result<RlsRequest
         (status = 429, description = "OVER_LIMIT", body = JsonResponse),
         (status = 400, description = "Malformed request", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is over --max-body-bytes", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The request is not `Content-Type: application/json` (a guard against cross-site requests)", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "The store could not be asked and a limit fails closed", body = crate::api::openapi::ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn json(
     State(service): State<Arc<Service>>,
+    _: media_type::JsonBody,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let body = match body_or_problem(&service, body) {

@@ -45,6 +45,7 @@ use tokio::sync::{mpsc, watch};
 use crate::api::{Active, Service};
 use crate::config::websocket::WebSocketConfig;
 use crate::listen::Acceptor;
+use crate::metrics::WsTotals;
 
 /// The name the rate of new connections is reported under in `RateLimit-Policy`.
 pub const CONNECT_LIMIT_NAME: &str = flowgate::ws::Scope::Connect.name();
@@ -83,26 +84,6 @@ pub(crate) struct UpstreamFailures {
     pub(crate) refused: AtomicU64,
     /// It did not finish the upgrade within `handshake_timeout`.
     pub(crate) timeout: AtomicU64,
-}
-
-/// The WebSocket counters, summed over the running limiters and the ones a reload replaced
-/// (which live on while their connections do).
-#[derive(Debug, Clone, Default)]
-pub struct WsTotals {
-    /// Client → upstream (and the upgrade).
-    pub inbound: WsStatsSnapshot,
-    /// Upstream → client.
-    pub outbound: WsStatsSnapshot,
-    /// Clients the penalty box remembers now.
-    pub penalized: u64,
-    /// `[paused, dropped, closed]` by direction (`0` client → upstream, `1` upstream → client).
-    pub slow: [[u64; 3]; 2],
-    /// `[connect, refused, timeout]` failures of upgrades to the upstream.
-    pub upstream_failures: [u64; 3],
-    /// Connections relayed now.
-    pub relays: u64,
-    /// `(sessions, IPs, users)` the limiters hold now ([`WsGateway::live`]).
-    pub tracked: (usize, usize, usize),
 }
 
 /// The WebSocket gateway's state, shared by every connection.

@@ -6,10 +6,13 @@
 //! counter is the one [`flowgate::envoy::check`] counts that descriptor in, under the
 //! running configuration's matching rule.
 //!
-//! Every call needs `Authorization: Bearer <token>` with the token of `FLOWGATE_ADMIN_TOKEN`,
-//! compared in constant time. Without the variable the endpoints are disabled (404), never
-//! open; no token is 401 (with `WWW-Authenticate: Bearer`), a wrong one 403. Every refusal is
-//! an RFC 9457 problem.
+//! Every call needs `Authorization: Bearer <token>` with the token of `FLOWGATE_ADMIN_TOKEN`
+//! ([`AdminToken`]), compared in constant time. Without the variable the endpoints are disabled
+//! (404), never open; no token is 401 (with `WWW-Authenticate: Bearer`), a wrong one 403. Every
+//! refusal is an RFC 9457 problem, and is logged at WARN with the client's address (within a
+//! budget of lines, see [`token`]).
+
+mod token;
 
 use std::sync::Arc;
 
@@ -21,10 +24,13 @@ use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_enco
 use serde::Serialize;
 use utoipa::ToSchema;
 
+pub(crate) use token::Presented;
+pub use token::{AdminToken, AdminTokenError, MIN_ADMIN_TOKEN_BYTES, REFUSALS_LOGGED_PER_MINUTE};
+
 use super::super::Service;
 use super::super::problem::Problem;
 use super::check::millis;
-use super::json_response;
+use super::{Peer, json_response, peer_address};
 
 /// Where the admin paths start.
 pub(crate) const PREFIX: &str = "/v1/keys/";
@@ -171,11 +177,12 @@ pub(crate) struct KeyView {
 )]
 pub(crate) async fn inspect(
     State(service): State<Arc<Service>>,
+    peer: Peer,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    keys(&service, method, &uri, &headers).await
+    keys(&service, peer, method, &uri, &headers).await
 }
 
 /// `DELETE /v1/keys/{domain}/{descriptor}`: resets one counter; answers with its state after.
@@ -199,16 +206,23 @@ pub(crate) async fn inspect(
 )]
 pub(crate) async fn reset(
     State(service): State<Arc<Service>>,
+    peer: Peer,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    keys(&service, method, &uri, &headers).await
+    keys(&service, peer, method, &uri, &headers).await
 }
 
 /// Both verbs: the token, the path, then the store.
-async fn keys(service: &Service, method: Method, uri: &Uri, headers: &HeaderMap) -> Response {
-    if let Some(refusal) = refusal(service, headers) {
+async fn keys(
+    service: &Service,
+    peer: Peer,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Response {
+    if let Some(refusal) = refusal(service, headers, &method, peer_address(&peer)) {
         return refusal;
     }
     let (domain, entries) = match parse_path(uri.path()) {
@@ -281,8 +295,14 @@ async fn keys(service: &Service, method: Method, uri: &Uri, headers: &HeaderMap)
     response
 }
 
-/// The refusal of a request that does not carry the admin token; `None` when it does.
-fn refusal(service: &Service, headers: &HeaderMap) -> Option<Response> {
+/// The refusal of a request that does not carry the admin token (logged, with the address of
+/// `client`); `None` when it does.
+fn refusal(
+    service: &Service,
+    headers: &HeaderMap,
+    method: &Method,
+    client: Option<std::net::SocketAddr>,
+) -> Option<Response> {
     let Some(token) = service.admin_token() else {
         return Some(
             Problem::new(
@@ -294,17 +314,12 @@ fn refusal(service: &Service, headers: &HeaderMap) -> Option<Response> {
             .into_response(),
         );
     };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, credentials) = v.split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| credentials.trim())
-        });
-    match presented {
-        None => {
+    // Never the descriptor: its values may be client addresses or API keys.
+    let what = format!("{method} {PREFIX}…");
+    match token.presented(headers) {
+        Presented::Token => None,
+        Presented::Nothing => {
+            token.refused(client, &what, "no bearer token");
             let mut response = Problem::new(
                 StatusCode::UNAUTHORIZED,
                 "https://flowgate.dev/problems/unauthorized",
@@ -318,16 +333,18 @@ fn refusal(service: &Service, headers: &HeaderMap) -> Option<Response> {
             );
             Some(response)
         }
-        Some(presented) if token.matches(presented.as_bytes()) => None,
-        Some(_) => Some(
-            Problem::new(
-                StatusCode::FORBIDDEN,
-                "https://flowgate.dev/problems/forbidden",
-                "Forbidden",
-                "the bearer token is not the admin token",
+        Presented::Wrong => {
+            token.refused(client, &what, "wrong bearer token");
+            Some(
+                Problem::new(
+                    StatusCode::FORBIDDEN,
+                    "https://flowgate.dev/problems/forbidden",
+                    "Forbidden",
+                    "the bearer token is not the admin token",
+                )
+                .into_response(),
             )
-            .into_response(),
-        ),
+        }
     }
 }
 
@@ -372,17 +389,4 @@ mod tests {
             [Entry::new("k", "")]
         );
     }
-
-    #[test]
-    fn the_token_matches_only_itself_and_never_prints() {
-        let token = AdminTokenFor::new("s3cret").unwrap();
-        assert!(token.matches(b"s3cret"));
-        assert!(!token.matches(b"s3cre"));
-        assert!(!token.matches(b"s3cret!"));
-        assert!(!token.matches(b""));
-        assert!(!format!("{token:?}").contains("s3cret"));
-        assert!(AdminTokenFor::new("").is_none());
-    }
-
-    use super::super::super::AdminToken as AdminTokenFor;
 }

@@ -1,0 +1,184 @@
+//! The HTTP gateway: `flowgate_gateway_responses_total{outcome}` and its pool of upstream
+//! connections (`flowgate_gateway_upstream_connects_total`, which with keep-alive working stays
+//! far below the forwarded responses, `flowgate_gateway_upstream_idle_connections`, …).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// What the gateway answered a request with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayOutcome {
+    /// Passed to the upstream; its response went back.
+    Forwarded = 0,
+    /// 429: over a limit.
+    Limited = 1,
+    /// 400 (or 401): the request could not be keyed or was malformed.
+    Rejected = 2,
+    /// 503: the store failed and the limit fails closed.
+    Unavailable = 3,
+    /// 502: the upstream could not be reached or answered badly.
+    BadGateway = 4,
+    /// 504: the upstream did not answer in time.
+    GatewayTimeout = 5,
+}
+
+impl GatewayOutcome {
+    /// Every outcome's label value, by discriminant.
+    const LABELS: [&'static str; 6] = [
+        "forwarded",
+        "limited",
+        "rejected",
+        "unavailable",
+        "bad_gateway",
+        "gateway_timeout",
+    ];
+}
+
+/// Label of the gateway's response counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// What the gateway answered.
+    pub outcome: &'static str,
+}
+
+/// What the gateway's pool of upstream connections reports.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamMetrics {
+    /// Connections opened (attempts that got a TCP connection).
+    pub connects: Counter,
+    /// Connections idle in the pool now.
+    pub idle: Gauge,
+    /// Connections open now, busy and idle.
+    pub open: Gauge,
+    /// Requests that found every connection busy and had to wait.
+    pub queued: Counter,
+    /// Requests refused (503) because every connection stayed busy for the queue timeout.
+    pub busy: Counter,
+    /// Request bodies (client uploads) given up after the body idle timeout.
+    pub request_body_timeouts: Counter,
+    /// Response bodies (from the upstream) given up after the body idle timeout.
+    pub response_body_timeouts: Counter,
+}
+
+/// The gateway's responses and pool.
+#[derive(Debug)]
+pub(super) struct GatewayMetrics {
+    /// Responses by outcome, resolved once (by [`GatewayOutcome`]).
+    responses: [Counter; 6],
+    /// The pool of upstream connections.
+    upstream: UpstreamMetrics,
+}
+
+impl GatewayMetrics {
+    /// Registers the gateway's metrics in `registry`.
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let outcomes = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "gateway_responses",
+            "Responses of the reverse proxy, by outcome",
+            outcomes.clone(),
+        );
+        let responses = GatewayOutcome::LABELS
+            .map(|outcome| outcomes.get_or_create_owned(&OutcomeLabel { outcome }));
+        let upstream = UpstreamMetrics::default();
+        registry.register(
+            "gateway_upstream_connects",
+            "Connections the gateway opened to its upstream",
+            upstream.connects.clone(),
+        );
+        registry.register(
+            "gateway_upstream_idle_connections",
+            "Keep-alive connections to the upstream idle in the gateway's pool",
+            upstream.idle.clone(),
+        );
+        registry.register(
+            "gateway_upstream_connections",
+            "Connections to the upstream open now, busy and idle (at most upstream_max_connections)",
+            upstream.open.clone(),
+        );
+        registry.register(
+            "gateway_upstream_queued",
+            "Requests that found every upstream connection busy and waited for one",
+            upstream.queued.clone(),
+        );
+        registry.register(
+            "gateway_upstream_busy",
+            "Requests answered 503 because every upstream connection stayed busy for upstream_queue_timeout",
+            upstream.busy.clone(),
+        );
+        registry.register(
+            "gateway_request_body_timeouts",
+            "Client request bodies given up after body_idle_timeout without data",
+            upstream.request_body_timeouts.clone(),
+        );
+        registry.register(
+            "gateway_response_body_timeouts",
+            "Upstream response bodies given up after body_idle_timeout without data",
+            upstream.response_body_timeouts.clone(),
+        );
+        GatewayMetrics {
+            responses,
+            upstream,
+        }
+    }
+
+    /// Counts one response.
+    pub(super) fn response(&self, outcome: GatewayOutcome) {
+        self.responses[outcome as usize].inc();
+    }
+
+    /// The pool's metrics, for it to update.
+    pub(super) fn upstream(&self) -> UpstreamMetrics {
+        self.upstream.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Metrics;
+    use super::super::tests::sample;
+    use super::*;
+
+    #[test]
+    fn every_outcome_has_its_series_and_the_pool_updates_its_own() {
+        let metrics = Metrics::new();
+        metrics.gateway_response(GatewayOutcome::Forwarded);
+        metrics.gateway_response(GatewayOutcome::Forwarded);
+        metrics.gateway_response(GatewayOutcome::GatewayTimeout);
+        let pool = metrics.upstream();
+        pool.connects.inc();
+        pool.idle.set(3);
+        pool.busy.inc();
+        let text = metrics.encode();
+        let outcome = |o: &str| {
+            sample(
+                &text,
+                &format!(r#"flowgate_gateway_responses_total{{outcome="{o}"}}"#),
+            )
+        };
+        assert_eq!(outcome("forwarded"), Some(2.0));
+        assert_eq!(outcome("gateway_timeout"), Some(1.0));
+        for zero in ["limited", "rejected", "unavailable", "bad_gateway"] {
+            assert_eq!(outcome(zero), Some(0.0), "{zero}");
+        }
+        assert_eq!(
+            sample(&text, "flowgate_gateway_upstream_connects_total"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "flowgate_gateway_upstream_idle_connections"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, "flowgate_gateway_upstream_busy_total"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "flowgate_gateway_request_body_timeouts_total"),
+            Some(0.0)
+        );
+    }
+}
