@@ -2,10 +2,11 @@
 //! removed, `X-Forwarded-For`, `Forwarded` and `Via` record the hop, and the `Host` rules of
 //! RFC 9112 §3.2 are applied.
 
-use std::fmt::Write;
 use std::net::IpAddr;
 
 use bytes::Bytes;
+use flowgate::http::headers::X_FORWARDED_FOR;
+use flowgate::http::key::push_ip;
 use http::header::{
     CONNECTION, CONTENT_LENGTH, FORWARDED, HOST, HeaderMap, HeaderName, HeaderValue, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE, VIA,
@@ -13,9 +14,6 @@ use http::header::{
 use http::request::Parts;
 use http::uri::Authority;
 use http::{StatusCode, Version};
-
-/// `X-Forwarded-For`.
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Turns an allowed request's head into the one sent upstream: the target in origin form
 /// (`/path?query`: the upstream is a server, not a proxy), HTTP/1.1, the hop-by-hop fields
@@ -200,30 +198,6 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earli
         headers.insert(VIA, HeaderValue::from_static(VIA_FLOWGATE));
     } else {
         append_list(headers, &VIA, VIA_FLOWGATE.to_owned());
-    }
-}
-
-/// Appends `ip` in its usual text form (IPv4 by hand: `Display` goes through the formatting
-/// machinery, and this runs on every forwarded request).
-fn push_ip(out: &mut String, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push('.');
-                }
-                if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
-                }
-                if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
-                }
-                out.push(char::from(b'0' + octet % 10));
-            }
-        }
-        IpAddr::V6(v6) => {
-            let _ = write!(out, "{v6}");
-        }
     }
 }
 

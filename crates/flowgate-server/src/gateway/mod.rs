@@ -29,6 +29,7 @@
 pub(crate) mod descriptors;
 pub(crate) mod forward;
 mod idle;
+pub(crate) mod path;
 mod pool;
 mod upstream;
 pub mod ws;
@@ -176,6 +177,8 @@ impl Gateway {
         if let Err((status, detail)) = forward::check_host(&mut parts) {
             return self.problem(GatewayOutcome::Rejected, Problem::status(status, detail));
         }
+        // Keyed and forwarded alike: the upstream sees the path the limits saw.
+        path::normalise_uri(&mut parts.uri);
         parts.extensions.insert(PeerAddr(peer));
 
         let active = self.service.active();
@@ -252,42 +255,17 @@ impl Gateway {
     ) -> Response<Body> {
         forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
         let metrics = self.service.metrics().upstream();
-        let body = IdleBody::new(body, timeouts.body_idle, metrics.request_body_timeouts);
+        // A body still to come reports its progress: while the gateway waits on the client,
+        // the upstream is not late.
+        let progress = (!http_body::Body::is_end_stream(&body)).then(|| Arc::new(idle::Progress::default()));
+        let body = IdleBody::new(body, timeouts.body_idle, metrics.request_body_timeouts)
+            .with_progress(progress.clone());
         let timeout = timeouts.response_head;
         let sent = self.pool.send(Request::from_parts(parts, body));
-        let response = match tokio::time::timeout(timeout, sent).await {
-            Ok(Ok(response)) => response,
-            // Clients get a generic problem; what failed, and where, goes to the log only.
-            Ok(Err(e)) => {
-                tracing::warn!(upstream = %self.upstream, "upstream request failed: {e}");
-                let detail = match e {
-                    pool::SendError::Busy(_) => {
-                        return self.problem(
-                            GatewayOutcome::Unavailable,
-                            Problem::status(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "the upstream is busy; retry later",
-                            ),
-                        );
-                    }
-                    pool::SendError::Http(e) if request_body_stalled(&e) => {
-                        return self.problem(
-                            GatewayOutcome::Rejected,
-                            Problem::status(
-                                StatusCode::REQUEST_TIMEOUT,
-                                "the request body stalled",
-                            ),
-                        );
-                    }
-                    pool::SendError::Connect(_) => "the upstream could not be reached",
-                    pool::SendError::Http(_) => "the upstream failed to answer",
-                };
-                return self.problem(
-                    GatewayOutcome::BadGateway,
-                    Problem::status(StatusCode::BAD_GATEWAY, detail),
-                );
-            }
-            Err(_) => {
+        let response = match upstream_within(timeout, progress.as_deref(), sent).await {
+            Some(Ok(response)) => response,
+            Some(Err(e)) => return self.failed(e),
+            None => {
                 tracing::warn!(
                     upstream = %self.upstream,
                     "upstream did not answer within {}",
@@ -318,6 +296,81 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// The answer to an exchange with the upstream that failed: the client's fault (its body
+    /// stalled: 408; it was malformed or cut short: 400) or the upstream's (busy: 503;
+    /// unreachable or broken: 502). Only the upstream's failures are logged as such and
+    /// counted against it.
+    fn failed(&self, error: pool::SendError) -> Response<Body> {
+        let (outcome, status, detail) = match &error {
+            pool::SendError::Http(e) => match client_body_error(e) {
+                Some(IdleError::Idle(_)) => (
+                    GatewayOutcome::Rejected,
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body stalled",
+                ),
+                Some(IdleError::Body(_)) => (
+                    GatewayOutcome::Rejected,
+                    StatusCode::BAD_REQUEST,
+                    "the request body is malformed or was cut short",
+                ),
+                None => (
+                    GatewayOutcome::BadGateway,
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream failed to answer",
+                ),
+            },
+            pool::SendError::Busy(_) => (
+                GatewayOutcome::Unavailable,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the upstream is busy; retry later",
+            ),
+            pool::SendError::Connect(_) => (
+                GatewayOutcome::BadGateway,
+                StatusCode::BAD_GATEWAY,
+                "the upstream could not be reached",
+            ),
+        };
+        // Clients get a generic problem; what failed, and where, goes to the log only.
+        if outcome == GatewayOutcome::Rejected {
+            tracing::debug!(upstream = %self.upstream, "request body failed: {error}");
+        } else {
+            tracing::warn!(upstream = %self.upstream, "upstream request failed: {error}");
+        }
+        self.problem(outcome, Problem::status(status, detail))
+    }
+}
+
+/// `exchange` (the upstream's response head), or `None` when the upstream stays silent for
+/// `timeout`. Time spent waiting for the client does not count: when the timeout expires while
+/// the request body (`progress`) waits on the client, or after it moved on, it is re-armed —
+/// a stalled upload is `body_idle_timeout`'s to answer (408), not a late upstream's (504).
+async fn upstream_within<F: Future>(
+    timeout: Duration,
+    progress: Option<&idle::Progress>,
+    exchange: F,
+) -> Option<F::Output> {
+    let mut seen = progress.map(idle::Progress::frames);
+    let mut exchange = std::pin::pin!(exchange);
+    let mut deadline = std::pin::pin!(tokio::time::sleep(timeout));
+    loop {
+        tokio::select! {
+            biased;
+            output = exchange.as_mut() => return Some(output),
+            () = deadline.as_mut() => {}
+        }
+        let progress = progress?;
+        let frames = progress.frames();
+        if !progress.waiting() && seen == Some(frames) {
+            return None;
+        }
+        seen = Some(frames);
+        deadline
+            .as_mut()
+            .reset(tokio::time::Instant::now() + timeout);
+    }
+}
+
 /// The time limits of one forwarded request.
 #[derive(Debug, Clone, Copy)]
 struct Timeouts {
@@ -327,19 +380,16 @@ struct Timeouts {
     body_idle: Duration,
 }
 
-/// Whether the upstream exchange failed because the client's body stalled.
-fn request_body_stalled(error: &hyper::Error) -> bool {
+/// The client's body error behind a failed upstream exchange, if that is what failed it.
+fn client_body_error(error: &hyper::Error) -> Option<&IdleError<hyper::Error>> {
     let mut source = std::error::Error::source(error);
     while let Some(e) = source {
-        if matches!(
-            e.downcast_ref::<IdleError<hyper::Error>>(),
-            Some(IdleError::Idle(_))
-        ) {
-            return true;
+        if let Some(idle) = e.downcast_ref::<IdleError<hyper::Error>>() {
+            return Some(idle);
         }
         source = e.source();
     }
-    false
+    None
 }
 
 /// Serves `gateway` on `acceptor` until `shutdown` completes; then stops accepting and waits
