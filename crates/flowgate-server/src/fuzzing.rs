@@ -23,8 +23,8 @@ use std::task::{Context, Poll, Waker};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use flowgate::envoy::{Descriptor, Verdict};
-use flowgate::http::key::{ClientIp, ForwardedHeader, Header, Jwt, KeyExtractor, PeerAddr, PeerIp};
 use flowgate::http::headers::X_FORWARDED_FOR;
+use flowgate::http::key::{ClientIp, ForwardedHeader, Header, Jwt, KeyExtractor, PeerAddr, PeerIp};
 use flowgate::store::MemoryStore;
 use flowgate::ws::{Classifier, Client};
 use http::header::{
@@ -426,7 +426,10 @@ pub fn gateway_head(data: &[u8]) {
     let normal = parts.uri.path();
     if normal.starts_with('/') {
         assert!(!normal.contains("//") && !normal.contains("/./") && !normal.contains("/../"));
-        assert!(!normal.ends_with("/.") && !normal.ends_with("/.."), "{normal}");
+        assert!(
+            !normal.ends_with("/.") && !normal.ends_with("/.."),
+            "{normal}"
+        );
         assert_eq!(path::normalise(normal), normal);
     }
     let peer = SocketAddr::from(([10, 0, 0, 9], 5000));

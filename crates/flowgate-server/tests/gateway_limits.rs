@@ -368,7 +368,10 @@ descriptors:
         assert_eq!(answer.json()["violated-policies"][0], "uploads");
     }
     // Other paths are other keys; their normal form is what is forwarded, query untouched.
-    assert_eq!(get(&server, "/a//b/./c/../d?q=%2e%2e", &[]).await.status, 201);
+    assert_eq!(
+        get(&server, "/a//b/./c/../d?q=%2e%2e", &[]).await.status,
+        201
+    );
     assert_eq!(get(&server, "/%2Fupload", &[]).await.status, 201);
     let uris: Vec<String> = upstream.seen().into_iter().map(|s| s.uri).collect();
     assert_eq!(uris, ["/upload?n=1", "/a/b/d?q=%2e%2e", "/%2Fupload"]);
@@ -403,7 +406,11 @@ descriptors:
         let detail = answer.json()["detail"].as_str().unwrap().to_owned();
         assert!(detail.contains("more than once"), "{detail}");
     }
-    assert_eq!(upstream.seen().len(), 1, "only the first request was forwarded");
+    assert_eq!(
+        upstream.seen().len(),
+        1,
+        "only the first request was forwarded"
+    );
     assert_eq!(
         server
             .metric(r#"flowgate_gateway_responses_total{outcome="rejected"}"#)

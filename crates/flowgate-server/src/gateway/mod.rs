@@ -14,13 +14,14 @@
 //!   fallback — `open` forwards (`Flowgate-Fallback: open`), `local` decides with this
 //!   instance's share (`Flowgate-Fallback: local`), `closed` answers `503` with `Retry-After`
 //!   (`Flowgate-Fallback: closed`); a store error no mode handled is `503` too;
-//! * allowed: the request is forwarded with its method, path, query, headers and body, minus
-//!   the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via` (a client's own
-//!   `X-Forwarded-For`/`Forwarded` replaced unless it is a trusted proxy or the section says
-//!   `forwarded: append`); bodies stream
-//!   both ways without buffering; the upstream's response gets the `RateLimit` headers;
-//! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`
-//!   (generic problem bodies: the upstream's address and the error are logged, never sent).
+//! * allowed: the request is forwarded with its method, path (normalised as it was keyed: dot
+//!   segments removed, slashes merged, unreserved escapes decoded), query, headers and body, minus the hop-by-hop fields and plus
+//!   `X-Forwarded-For`, `Forwarded` and `Via` (a client's own `X-Forwarded-For`/`Forwarded`
+//!   replaced unless it is a trusted proxy or the section says `forwarded: append`); bodies
+//!   stream both ways without buffering; the upstream's response gets the `RateLimit` headers;
+//! * upstream unreachable or broken: `502`; no response head within `upstream_timeout` of the
+//!   upstream's silence: `504` (generic problem bodies: the upstream's address and the error
+//!   are logged, never sent); the client's body stalled: `408`, malformed or cut short: `400`.
 //!
 //! The gateway speaks HTTP/1.1 to clients and to the upstream (pooled keep-alive connections).
 //! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
@@ -257,7 +258,8 @@ impl Gateway {
         let metrics = self.service.metrics().upstream();
         // A body still to come reports its progress: while the gateway waits on the client,
         // the upstream is not late.
-        let progress = (!http_body::Body::is_end_stream(&body)).then(|| Arc::new(idle::Progress::default()));
+        let progress =
+            (!http_body::Body::is_end_stream(&body)).then(|| Arc::new(idle::Progress::default()));
         let body = IdleBody::new(body, timeouts.body_idle, metrics.request_body_timeouts)
             .with_progress(progress.clone());
         let timeout = timeouts.response_head;

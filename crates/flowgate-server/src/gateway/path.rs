@@ -196,7 +196,10 @@ mod tests {
             // Idempotent.
             assert_eq!(normalise(normal), normal, "{normal}");
         }
-        assert!(matches!(normalise("/already/normal.html"), Cow::Borrowed(_)));
+        assert!(matches!(
+            normalise("/already/normal.html"),
+            Cow::Borrowed(_)
+        ));
         assert!(matches!(normalise("/.well-known/a.b"), Cow::Borrowed(_)));
     }
 

@@ -397,15 +397,21 @@ pub async fn serve(
         gateway.drain.lock().take();
     };
     let handler = gateway.clone();
-    crate::listen::serve_connections(acceptor, "websocket gateway", stopping, grace, |stream, peer| {
-        let gateway = handler.clone();
-        let service = service_fn(move |request| {
-            let gateway = gateway.clone();
-            async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
-        });
-        http.serve_connection(TokioIo::new(stream), service)
-            .with_upgrades()
-    })
+    crate::listen::serve_connections(
+        acceptor,
+        "websocket gateway",
+        stopping,
+        grace,
+        |stream, peer| {
+            let gateway = handler.clone();
+            let service = service_fn(move |request| {
+                let gateway = gateway.clone();
+                async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
+            });
+            http.serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+        },
+    )
     .await?;
     let left = stopped_at
         .get()
