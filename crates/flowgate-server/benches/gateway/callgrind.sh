@@ -27,6 +27,7 @@ UPSTREAM_PORT=${UPSTREAM_PORT:-18200}
 PROXY_PORT=${PROXY_PORT:-18201}
 ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/flowgate-gateway-callgrind.XXXXXX)}
+mkdir -p "$OUT"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 if [ -z "${FLOWGATE:-}" ]; then
   FLOWGATE=$CARGO_TARGET_DIR/release/flowgate

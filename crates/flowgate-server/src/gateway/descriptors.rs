@@ -33,6 +33,16 @@ pub(crate) fn of_request(
     Ok(out)
 }
 
+/// Whether a descriptor of `config` is keyed by the client's address (read from the request's
+/// [`PeerAddr`](flowgate::http::key::PeerAddr) extension, which must then be set).
+pub(crate) fn need_peer(config: &GatewayConfig) -> bool {
+    config
+        .descriptors
+        .iter()
+        .flatten()
+        .any(|entry| matches!(entry.source, Source::RemoteAddress))
+}
+
 /// The value of one entry, `None` when the request lacks it.
 fn value_of(
     config: &GatewayConfig,

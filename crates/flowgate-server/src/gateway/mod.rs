@@ -75,6 +75,8 @@ pub struct Gateway {
     upstream: Upstream,
     /// Keep-alive connections to the upstream.
     pool: pool::Pool,
+    /// The pool's and the bodies' metrics (held, not fetched per request: each is shared).
+    upstream_metrics: crate::metrics::UpstreamMetrics,
     /// The section used while the running configuration has none.
     fallback: GatewayConfig,
     /// Whether each request is logged (`--access-log`).
@@ -125,10 +127,12 @@ impl Gateway {
             max_connections: fallback.upstream_max_connections,
             queue_timeout: fallback.upstream_queue_timeout,
         };
-        let pool = pool::Pool::new(&upstream, limits, service.metrics().upstream());
+        let upstream_metrics = service.metrics().upstream();
+        let pool = pool::Pool::new(&upstream, limits, upstream_metrics.clone());
         Gateway {
             service,
             pool,
+            upstream_metrics,
             upstream,
             fallback,
             access_log: false,
@@ -180,10 +184,13 @@ impl Gateway {
         }
         // Keyed and forwarded alike: the upstream sees the path the limits saw.
         path::normalise_uri(&mut parts.uri);
-        parts.extensions.insert(PeerAddr(peer));
 
         let active = self.service.active();
         let config = active.policy.gateway.as_ref().unwrap_or(&self.fallback);
+        if descriptors::need_peer(config) {
+            // For the client-address source (an allocation the other sources do without).
+            parts.extensions.insert(PeerAddr(peer));
+        }
         let descriptors = match descriptors::of_request(config, &parts) {
             Ok(descriptors) => descriptors,
             Err(rejection) => {
@@ -255,13 +262,17 @@ impl Gateway {
         answer: Option<Answer>,
     ) -> Response<Body> {
         forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
-        let metrics = self.service.metrics().upstream();
+        let metrics = &self.upstream_metrics;
         // A body still to come reports its progress: while the gateway waits on the client,
         // the upstream is not late.
         let progress =
             (!http_body::Body::is_end_stream(&body)).then(|| Arc::new(idle::Progress::default()));
-        let body = IdleBody::new(body, timeouts.body_idle, metrics.request_body_timeouts)
-            .with_progress(progress.clone());
+        let body = IdleBody::new(
+            body,
+            timeouts.body_idle,
+            metrics.request_body_timeouts.clone(),
+        )
+        .with_progress(progress.clone());
         let timeout = timeouts.response_head;
         let sent = self.pool.send(Request::from_parts(parts, body));
         let response = match upstream_within(timeout, progress.as_deref(), sent).await {
@@ -293,7 +304,11 @@ impl Gateway {
         self.service
             .metrics()
             .gateway_response(GatewayOutcome::Forwarded);
-        let body = IdleBody::new(body, timeouts.body_idle, metrics.response_body_timeouts);
+        let body = IdleBody::new(
+            body,
+            timeouts.body_idle,
+            metrics.response_body_timeouts.clone(),
+        );
         Response::from_parts(parts, Either::Left(body))
     }
 }
