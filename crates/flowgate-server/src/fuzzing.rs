@@ -23,6 +23,7 @@ use std::task::{Context, Poll, Waker};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use flowgate::envoy::{Descriptor, Verdict};
+use flowgate::http::headers::X_FORWARDED_FOR;
 use flowgate::http::key::{ClientIp, ForwardedHeader, Header, Jwt, KeyExtractor, PeerAddr, PeerIp};
 use flowgate::store::MemoryStore;
 use flowgate::ws::{Classifier, Client};
@@ -37,7 +38,7 @@ use crate::api::limits::InputLimits;
 use crate::api::rls;
 use crate::config::gateway::{EntryConfig, GatewayConfig, Source as EntrySource};
 use crate::config::{Policy, Source};
-use crate::gateway::{descriptors, forward};
+use crate::gateway::{descriptors, forward, path};
 
 /// The rules decisions are made against: every matching shape (key+value, key only, nested,
 /// unlimited, replaces, shadow) and every algorithm.
@@ -243,7 +244,7 @@ pub fn client_ip(data: &[u8]) {
     let mut request = http::Request::new(());
     for value in header_values(rest) {
         let headers = request.headers_mut();
-        headers.append(HeaderName::from_static("x-forwarded-for"), value.clone());
+        headers.append(X_FORWARDED_FOR.clone(), value.clone());
         headers.append(http::header::FORWARDED, value);
     }
     request
@@ -420,6 +421,17 @@ pub fn gateway_head(data: &[u8]) {
     }
     if forward::check_host(&mut parts).is_err() {
         return;
+    }
+    path::normalise_uri(&mut parts.uri);
+    // Normal: no dot segment, no `//`, no escape of an unreserved character, and stays so.
+    let normal = parts.uri.path();
+    if normal.starts_with('/') {
+        assert!(!normal.contains("//") && !normal.contains("/./") && !normal.contains("/../"));
+        assert!(
+            !normal.ends_with("/.") && !normal.ends_with("/.."),
+            "{normal}"
+        );
+        assert_eq!(path::normalise(normal), normal);
     }
     let peer = SocketAddr::from(([10, 0, 0, 9], 5000));
     parts.extensions.insert(PeerAddr(peer));

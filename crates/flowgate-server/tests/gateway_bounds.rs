@@ -170,3 +170,84 @@ async fn a_stalled_response_is_cut_after_the_body_idle_timeout() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_the_clients_408_even_when_the_upstream_timeout_is_shorter() {
+    let upstream = Upstream::start().await;
+    // The upstream would be given up after 200 ms of silence; the client's body after 600 ms.
+    let server = bounded_gateway(
+        &upstream,
+        "  upstream_timeout: 200ms\n  body_idle_timeout: 600ms\n",
+    )
+    .await;
+    let mut upload = TcpStream::connect(server.gateway.unwrap()).await.unwrap();
+    upload
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nhalf")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The client keeps the connection open and sends nothing more: the gateway is waiting on
+    // the client, not on the upstream.
+    let answer = until_closed(&mut upload).await;
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(took >= Duration::from_millis(590), "{took:?}");
+    upstream.ended(1).await;
+    for (outcome, n) in [("rejected", 1.0), ("gateway_timeout", 0.0)] {
+        let series = format!(r#"flowgate_gateway_responses_total{{outcome="{outcome}"}}"#);
+        assert_eq!(server.metric(&series).await, n, "{series}");
+    }
+
+    // An upload that keeps coming is not cut by the upstream timeout either, and an upstream
+    // that then stays silent still gets its 504.
+    let mut slow = TcpStream::connect(server.gateway.unwrap()).await.unwrap();
+    slow.write_all(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n")
+        .await
+        .unwrap();
+    for byte in [b"a", b"b", b"c", b"d", b"e", b"f"] {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        slow.write_all(byte).await.unwrap();
+    }
+    // Read the head (the connection stays open: a 504 is not the client's fault).
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(STEP, tokio::io::AsyncReadExt::read(&mut slow, &mut buf))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        assert!(n > 0, "closed without an answer");
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_body_is_the_clients_400_not_an_upstream_failure() {
+    let upstream = Upstream::start().await;
+    let server = bounded_gateway(&upstream, "").await;
+    // Chunk lines ended by a bare LF: the HTTP/1 parser refuses the body once it reaches it,
+    // after the request has gone upstream.
+    let mut upload = TcpStream::connect(server.gateway.unwrap()).await.unwrap();
+    upload
+        .write_all(
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\n0\n\n",
+        )
+        .await
+        .unwrap();
+    let answer = until_closed(&mut upload).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    for (outcome, n) in [("rejected", 1.0), ("bad_gateway", 0.0)] {
+        let series = format!(r#"flowgate_gateway_responses_total{{outcome="{outcome}"}}"#);
+        assert_eq!(server.metric(&series).await, n, "{series}");
+    }
+    assert!(
+        upstream.seen().iter().all(|s| s.uri != "/upload"),
+        "the malformed upload was not delivered as a whole request"
+    );
+    server.stop().await;
+}

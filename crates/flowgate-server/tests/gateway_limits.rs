@@ -333,3 +333,86 @@ descriptors:
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_a_path_meets_its_rule_and_the_upstream_sees_the_keyed_path() {
+    let upstream = Upstream::start().await;
+    let yaml = r#"
+domain: edge
+gateway:
+  descriptors:
+    - [{key: path}]
+descriptors:
+  - key: path
+    value: /upload
+    rate_limit: {unit: hour, requests_per_unit: 1, name: uploads}
+"#;
+    let server = gateway(yaml, &upstream.url()).await;
+    assert_eq!(get(&server, "/upload?n=1", &[]).await.status, 201);
+    // What an upstream serves as `/upload` is `/upload` to the limit too (nginx normalises the
+    // same way before it matches a location).
+    for spelling in [
+        "/%75pload",
+        "/%75%70%6c%6f%61%64",
+        "//upload",
+        "/./upload",
+        "/x/../upload",
+        "/x/%2e%2e/upload",
+        "/../upload",
+    ] {
+        let answer = get(&server, spelling, &[]).await;
+        assert_eq!(answer.status, 429, "{spelling} got past the /upload rule");
+        assert_eq!(answer.json()["violated-policies"][0], "uploads");
+    }
+    // Other paths are other keys; their normal form is what is forwarded, query untouched.
+    assert_eq!(
+        get(&server, "/a//b/./c/../d?q=%2e%2e", &[]).await.status,
+        201
+    );
+    assert_eq!(get(&server, "/%2Fupload", &[]).await.status, 201);
+    let uris: Vec<String> = upstream.seen().into_iter().map(|s| s.uri).collect();
+    assert_eq!(uris, ["/upload?n=1", "/a/b/d?q=%2e%2e", "/%2Fupload"]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_key_header_is_refused_not_keyed_on_one_of_its_values() {
+    let upstream = Upstream::start().await;
+    let yaml = r#"
+domain: edge
+gateway:
+  descriptors:
+    - [{key: header, header: x-api-key, as: api_key}]
+descriptors:
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 1, name: per_key}
+"#;
+    let server = gateway(yaml, &upstream.url()).await;
+    assert_eq!(get(&server, "/", &[("x-api-key", "a")]).await.status, 201);
+    assert_eq!(get(&server, "/", &[("x-api-key", "a")]).await.status, 429);
+    // Keyed on `b` while the upstream might read `a` (or the other way round): refused.
+    for pair in [["b", "a"], ["a", "b"], ["c", "c"]] {
+        let answer = get(
+            &server,
+            "/",
+            &[("x-api-key", pair[0]), ("x-api-key", pair[1])],
+        )
+        .await;
+        assert_eq!(answer.status, 400, "{pair:?}");
+        assert_eq!(answer.header("content-type"), "application/problem+json");
+        let detail = answer.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("more than once"), "{detail}");
+    }
+    assert_eq!(
+        upstream.seen().len(),
+        1,
+        "only the first request was forwarded"
+    );
+    assert_eq!(
+        server
+            .metric(r#"flowgate_gateway_responses_total{outcome="rejected"}"#)
+            .await,
+        3.0
+    );
+    server.stop().await;
+}

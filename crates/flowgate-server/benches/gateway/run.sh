@@ -23,6 +23,8 @@
 # (flowgate's tokio runtime then runs one worker; nginx runs one worker process).
 #
 # Needs: wrk, nginx (apt-get install -y wrk nginx), a release build of flowgate (built here).
+# The same loads' user-space instructions per request, which other tenants do not move:
+# callgrind.sh beside this script.
 # Prints a markdown table of medians (req/s, p50, p99, non-2xx share) and keeps the raw wrk
 # output in $OUT.
 set -euo pipefail
@@ -190,8 +192,9 @@ run() { # scenario port round [wrk args...]
   echo "$(( $(ticks "${proxy[@]}") - before )) $(getconf CLK_TCK)" > "$OUT/$name.$round.cpu"
 }
 
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 for round in $(seq 1 "$ROUNDS"); do
-  echo "round $round/$ROUNDS" >&2
+  echo "round $round/$ROUNDS (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   run direct "$UPSTREAM_PORT" "$round" -H "x-api-key: a"
   run flowgate "$FLOWGATE_PORT" "$round" -H "x-api-key: a"
   [ -n "$BASELINE" ] && run baseline "$BASELINE_PORT" "$round" -H "x-api-key: a"
@@ -244,4 +247,6 @@ if baseline:
         print(f"{fg} / {base}: throughput {rows[fg][0] / rows[base][0]:.2f}x, "
               f"CPU per request {rows[fg][4] / rows[base][4]:.2f}x")
 PY
+echo
+echo "load average before: $LOAD_BEFORE; after: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'))"
 echo "raw wrk output: $OUT" >&2

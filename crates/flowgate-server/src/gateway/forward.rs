@@ -2,10 +2,11 @@
 //! removed, `X-Forwarded-For`, `Forwarded` and `Via` record the hop, and the `Host` rules of
 //! RFC 9112 §3.2 are applied.
 
-use std::fmt::Write;
 use std::net::IpAddr;
 
 use bytes::Bytes;
+use flowgate::http::headers::X_FORWARDED_FOR;
+use flowgate::http::key::push_ip;
 use http::header::{
     CONNECTION, CONTENT_LENGTH, FORWARDED, HOST, HeaderMap, HeaderName, HeaderValue, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE, VIA,
@@ -13,9 +14,6 @@ use http::header::{
 use http::request::Parts;
 use http::uri::Authority;
 use http::{StatusCode, Version};
-
-/// `X-Forwarded-For`.
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Turns an allowed request's head into the one sent upstream: the target in origin form
 /// (`/path?query`: the upstream is a server, not a proxy), HTTP/1.1, the hop-by-hop fields
@@ -40,31 +38,31 @@ pub(crate) fn rewrite_request(parts: &mut Parts, client: IpAddr, keep_earlier: b
 /// One look at the names says which are there, and only those are removed: most messages carry
 /// none, or only `Connection: keep-alive` (every upstream response, in practice).
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let mut present = [false; HOP_BY_HOP.len()];
-    let mut proxy = false;
+    let mut present = 0u8;
     for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
-        } else if name.as_str().starts_with("proxy-") {
-            proxy = true;
-        }
+        present |= hop_by_hop(name);
     }
-    if !proxy && !present.contains(&true) {
+    if present == 0 {
         return;
     }
-    if present[0] {
+    if present & CONNECTION_BIT != 0 {
         // Fields named by `Connection` that the message has (the map cannot change while
-        // borrowed, so they are collected first; usually there are none).
+        // borrowed, so they are collected first; usually there are none: `keep-alive`, the
+        // usual token, is hop-by-hop itself).
         let mut named: Vec<HeaderName> = Vec::new();
         for value in headers.get_all(CONNECTION) {
             let Ok(value) = value.to_str() else {
                 continue;
             };
             for token in value.split(',') {
-                let Ok(name) = HeaderName::from_bytes(token.trim().as_bytes()) else {
+                let token = token.trim();
+                if token.eq_ignore_ascii_case("keep-alive") {
+                    continue;
+                }
+                let Ok(name) = HeaderName::from_bytes(token.as_bytes()) else {
                     continue;
                 };
-                if !is_hop_by_hop(&name) && headers.contains_key(&name) {
+                if hop_by_hop(&name) == 0 && headers.contains_key(&name) {
                     named.push(name);
                 }
             }
@@ -73,15 +71,22 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
-    for (name, &there) in HOP_BY_HOP.iter().zip(&present) {
-        if there {
+    for (bit, name) in [
+        (CONNECTION_BIT, &CONNECTION),
+        (TRANSFER_ENCODING_BIT, &TRANSFER_ENCODING),
+        (KEEP_ALIVE_BIT, &KEEP_ALIVE),
+        (TE_BIT, &TE),
+        (TRAILER_BIT, &TRAILER),
+        (UPGRADE_BIT, &UPGRADE),
+    ] {
+        if present & bit != 0 {
             headers.remove(name);
         }
     }
-    if present[1] {
+    if present & TRANSFER_ENCODING_BIT != 0 {
         headers.remove(CONTENT_LENGTH);
     }
-    if proxy {
+    if present & PROXY_BIT != 0 {
         let names: Vec<HeaderName> = headers
             .keys()
             .filter(|k| k.as_str().starts_with("proxy-"))
@@ -93,20 +98,32 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The fields that are hop-by-hop whatever `Connection` says (`Proxy-*` aside); `Connection`
-/// first and `Transfer-Encoding` second, as [`remove_hop_by_hop`] relies on.
-static HOP_BY_HOP: [HeaderName; 6] = [
-    CONNECTION,
-    TRANSFER_ENCODING,
-    HeaderName::from_static("keep-alive"), // RFC 2068
-    TE,
-    TRAILER,
-    UPGRADE,
-];
+/// `Keep-Alive` (RFC 2068).
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
-/// Whether `name` is hop-by-hop whatever `Connection` says.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name) || name.as_str().starts_with("proxy-")
+/// The bits [`hop_by_hop`] answers with, one per field that is hop-by-hop whatever
+/// `Connection` says.
+const CONNECTION_BIT: u8 = 1;
+const TRANSFER_ENCODING_BIT: u8 = 2;
+const KEEP_ALIVE_BIT: u8 = 4;
+const TE_BIT: u8 = 8;
+const TRAILER_BIT: u8 = 16;
+const UPGRADE_BIT: u8 = 32;
+const PROXY_BIT: u8 = 64;
+
+/// Which hop-by-hop field `name` is (its bit; `0` when it is an end-to-end one): a match on
+/// the lower-case name, which compiles to a look at its length and a few compares.
+fn hop_by_hop(name: &HeaderName) -> u8 {
+    match name.as_str() {
+        "connection" => CONNECTION_BIT,
+        "transfer-encoding" => TRANSFER_ENCODING_BIT,
+        "keep-alive" => KEEP_ALIVE_BIT,
+        "te" => TE_BIT,
+        "trailer" => TRAILER_BIT,
+        "upgrade" => UPGRADE_BIT,
+        name if name.starts_with("proxy-") => PROXY_BIT,
+        _ => 0,
+    }
 }
 
 /// Checks the request's `Host` as RFC 9112 §3.2 asks of a server: an HTTP/1.1 request needs
@@ -158,15 +175,26 @@ pub(crate) fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static 
 /// both fields are replaced, so an upstream reading their leftmost entry never sees an address
 /// the client made up.
 pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earlier: bool) {
-    if !keep_earlier {
-        headers.remove(&X_FORWARDED_FOR);
-        headers.remove(&FORWARDED);
-    }
     let ip = client.to_canonical();
-    let mut xff = String::with_capacity(48);
+    // Each value is built in a buffer of its exact size, which the header value then takes
+    // over: one allocation each.
+    let mut xff = String::with_capacity(text_len(ip));
     push_ip(&mut xff, ip);
 
-    let mut element = String::with_capacity(96);
+    let host = headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| !h.is_empty());
+    let escapes = host.map_or(0, |h| {
+        h.bytes().filter(|b| matches!(b, b'"' | b'\\')).count()
+    });
+    let for_len = match ip {
+        IpAddr::V4(_) => xff.len(),
+        IpAddr::V6(_) => xff.len() + 4,
+    };
+    let host_len = host.map_or(0, |h| ";host=\"\"".len() + h.len() + escapes);
+    let mut element =
+        String::with_capacity("for=".len() + for_len + host_len + ";proto=http".len());
     element.push_str("for=");
     match ip {
         IpAddr::V4(_) => element.push_str(&xff),
@@ -176,11 +204,9 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earli
             element.push_str("]\"");
         }
     }
-    if let Some(host) = headers.get(HOST).and_then(|h| h.to_str().ok())
-        && !host.is_empty()
-    {
+    if let Some(host) = host {
         element.push_str(";host=\"");
-        if host.contains(['"', '\\']) {
+        if escapes > 0 {
             for c in host.chars() {
                 if c == '"' || c == '\\' {
                     element.push('\\');
@@ -194,50 +220,50 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earli
     }
     element.push_str(";proto=http");
 
-    append_list(headers, &X_FORWARDED_FOR, xff);
-    append_list(headers, &FORWARDED, element);
-    if !headers.contains_key(&VIA) {
-        headers.insert(VIA, HeaderValue::from_static(VIA_FLOWGATE));
+    if keep_earlier {
+        append_list(headers, &X_FORWARDED_FOR, xff);
+        append_list(headers, &FORWARDED, element);
+    } else {
+        // `insert` replaces every earlier line: the client's own hops are dropped.
+        set(headers, &X_FORWARDED_FOR, xff);
+        set(headers, &FORWARDED, element);
+    }
+    if let http::header::Entry::Vacant(via) = headers.entry(VIA) {
+        via.insert(HeaderValue::from_static(VIA_FLOWGATE));
     } else {
         append_list(headers, &VIA, VIA_FLOWGATE.to_owned());
     }
 }
 
-/// Appends `ip` in its usual text form (IPv4 by hand: `Display` goes through the formatting
-/// machinery, and this runs on every forwarded request).
-fn push_ip(out: &mut String, ip: IpAddr) {
+/// The length of `ip`'s text form (IPv4 counted, IPv6 an upper bound).
+fn text_len(ip: IpAddr) -> usize {
     match ip {
         IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push('.');
-                }
-                if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
-                }
-                if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
-                }
-                out.push(char::from(b'0' + octet % 10));
-            }
+            3 + v4
+                .octets()
+                .iter()
+                .map(|&o| 1 + usize::from(o >= 10) + usize::from(o >= 100))
+                .sum::<usize>()
         }
-        IpAddr::V6(v6) => {
-            let _ = write!(out, "{v6}");
-        }
+        IpAddr::V6(_) => 45,
     }
 }
 
 /// This hop in `Via`.
 const VIA_FLOWGATE: &str = "1.1 flowgate";
 
+/// Sets `name` to `value` alone (earlier lines removed). The value takes the string's buffer.
+fn set(headers: &mut HeaderMap, name: &HeaderName, value: String) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+        headers.insert(name.clone(), value);
+    }
+}
+
 /// Appends `item` to the comma-separated list in `name`, folding earlier lines into one
-/// (some upstreams read only the first line). The value takes the string's buffer.
+/// (some upstreams read only the first line).
 fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: String) {
     if !headers.contains_key(name) {
-        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
-            headers.insert(name.clone(), value);
-        }
-        return;
+        return set(headers, name, item);
     }
     let mut joined = String::new();
     for value in headers.get_all(name) {
@@ -250,9 +276,7 @@ fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: String) {
         }
     }
     joined.push_str(&item);
-    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(joined)) {
-        headers.insert(name.clone(), value);
-    }
+    set(headers, name, joined);
 }
 
 #[cfg(test)]

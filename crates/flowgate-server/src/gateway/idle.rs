@@ -8,6 +8,8 @@
 //! at once (most do) never touches the timer.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,6 +41,32 @@ pub struct IdleBody<B> {
     progressed: bool,
     /// Counts the bodies given up.
     timeouts: Counter,
+    /// Where the body reports its progress, for whoever waits on what it feeds (the response
+    /// head's timeout, for a request body).
+    progress: Option<Arc<Progress>>,
+}
+
+/// How a body is getting on, seen from another task or future: the frames it has yielded and
+/// whether it is waiting for its source now. The gateway reads it to tell a slow client from a
+/// slow upstream.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    /// Frames yielded so far (and the end, counted as one).
+    frames: AtomicU64,
+    /// Whether the last poll found nothing (the body waits on its source).
+    waiting: AtomicBool,
+}
+
+impl Progress {
+    /// Frames yielded so far.
+    pub(crate) fn frames(&self) -> u64 {
+        self.frames.load(Ordering::Relaxed)
+    }
+
+    /// Whether the body is waiting on its source now.
+    pub(crate) fn waiting(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed)
+    }
 }
 
 impl<B> IdleBody<B> {
@@ -51,7 +79,14 @@ impl<B> IdleBody<B> {
             timer: None,
             progressed: false,
             timeouts,
+            progress: None,
         }
+    }
+
+    /// Reports the body's progress to `progress` as well.
+    pub(crate) fn with_progress(mut self, progress: Option<Arc<Progress>>) -> Self {
+        self.progress = progress;
+        self
     }
 }
 
@@ -66,7 +101,14 @@ impl<B: Body + Unpin> Body for IdleBody<B> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             this.progressed = true;
+            if let Some(progress) = &this.progress {
+                progress.frames.fetch_add(1, Ordering::Relaxed);
+                progress.waiting.store(false, Ordering::Relaxed);
+            }
             return Poll::Ready(frame.map(|r| r.map_err(IdleError::Body)));
+        }
+        if let Some(progress) = &this.progress {
+            progress.waiting.store(true, Ordering::Relaxed);
         }
         let timer = match &mut this.timer {
             Some(timer) => timer,

@@ -263,10 +263,14 @@ impl Pool {
         let mut stale = 0;
         let mut deadline = None;
         let slot = loop {
-            // Register for a returned connection before looking, so none is missed.
+            // Register for a returned connection before looking, so none is missed — but only
+            // once there is reason to wait: the first look (nearly always successful) goes
+            // without.
             let returned = self.shared.returned.notified();
             tokio::pin!(returned);
-            returned.as_mut().enable();
+            if deadline.is_some() {
+                returned.as_mut().enable();
+            }
             if stale < MAX_STALE
                 && let Some(conn) = self.shared.checkout()
             {
@@ -283,11 +287,13 @@ impl Pool {
             if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
                 break slot;
             }
-            // Every connection is busy: wait for one to come back or to close.
-            let deadline = *deadline.get_or_insert_with(|| {
+            // Every connection is busy: wait for one to come back or to close — after one more
+            // look, registered this time, when this is the first.
+            let Some(deadline) = deadline else {
                 self.shared.metrics.queued.inc();
-                tokio::time::Instant::now() + self.shared.limits.queue_timeout
-            });
+                deadline = Some(tokio::time::Instant::now() + self.shared.limits.queue_timeout);
+                continue;
+            };
             tokio::select! {
                 () = returned => {}
                 slot = self.shared.slots.clone().acquire_owned() => match slot {

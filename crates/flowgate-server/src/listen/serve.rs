@@ -1,14 +1,68 @@
-//! The accept loop every HTTP listener but the WebSocket gateway's shares: accept (within the
-//! cap), serve each connection on its own task, and on shutdown stop accepting, ask every
-//! connection to finish gracefully and wait up to a grace period for them.
+//! The one accept loop of every listener: accept (within the cap), serve each connection on its
+//! own task, and on shutdown stop accepting, ask every connection to finish gracefully and wait
+//! up to a grace period for them.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::time::Duration;
 
-use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown};
+use hyper::body::{Body, Incoming};
+use hyper::rt::{Read, Write};
+use hyper::service::HttpService;
+use tokio::sync::watch;
 
 use super::{Acceptor, Limited};
+
+/// A served connection the accept loop can ask to finish: after the response in flight
+/// (HTTP/1), or with `GOAWAY` (HTTP/2).
+pub trait Connection: Future<Output = Result<(), hyper::Error>> {
+    /// Starts finishing gracefully.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+/// An error a service or body may have.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<I, S, B> Connection for hyper::server::conn::http1::Connection<I, S>
+where
+    I: Read + Write + Unpin + Send + 'static,
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper::server::conn::http1::Connection::graceful_shutdown(self);
+    }
+}
+
+impl<I, S, B> Connection for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    I: Read + Write + Unpin + Send + 'static,
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper::server::conn::http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl<I, S, B, E> Connection for hyper::server::conn::http2::Connection<I, S, E>
+where
+    I: Read + Write + Unpin + Send + 'static,
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B> + Send + 'static,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper::server::conn::http2::Connection::graceful_shutdown(self);
+    }
+}
 
 /// Serves the connections `acceptor` accepts, each as `connection(stream, peer)` makes it,
 /// until `shutdown` completes; then stops accepting and waits up to `grace` for the
@@ -24,9 +78,11 @@ pub async fn serve_connections<C, F>(
 ) -> std::io::Result<()>
 where
     F: FnMut(Limited, SocketAddr) -> C,
-    C: GracefulConnection<Error = hyper::Error> + Send + 'static,
+    C: Connection + Send + 'static,
 {
-    let graceful = GracefulShutdown::new();
+    // Every connection's task holds a receiver: a message asks them to finish, and the
+    // sender sees when the last one has gone.
+    let (stop, _) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -41,20 +97,28 @@ where
                 }
             },
         };
-        let connection = graceful.watch(connection(stream, peer));
+        let connection = connection(stream, peer);
+        let mut stopping = stop.subscribe();
         let ended = acceptor.ended();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            tokio::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                _ = stopping.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            drop(stopping);
+            if let Err(e) = result {
                 ended.with_error(&e);
                 tracing::debug!(%peer, "{name} connection ended with an error: {e}");
             }
         });
     }
     drop(acceptor);
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let _ = stop.send(());
+    if tokio::time::timeout(grace, stop.closed()).await.is_err() {
         tracing::warn!(
             "{name}: requests still in flight after {}; closing their connections",
             humantime::format_duration(grace)

@@ -356,9 +356,9 @@ fn add(a: &mut WsStatsSnapshot, b: &WsStatsSnapshot) {
     }
 }
 
-/// Serves the WebSocket gateway on `listener` until `shutdown` completes; then stops
+/// Serves the WebSocket gateway on `acceptor` until `shutdown` completes; then stops
 /// accepting, closes every relayed connection with 1001 on both sides and waits up to `grace`
-/// for them to finish.
+/// for them (and for upgrades in flight) to finish.
 pub async fn serve(
     acceptor: Acceptor,
     gateway: Arc<WsGateway>,
@@ -369,53 +369,38 @@ pub async fn serve(
     http.timer(TokioTimer::new());
     // The upgrade request must arrive promptly (slowloris).
     crate::listen::configure(&mut http, acceptor.limits());
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = shutdown.as_mut() => break,
-            accepted = acceptor.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!("websocket gateway: cannot accept a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Some(guard) = gateway.guard() else { break };
-        let mut stopping = gateway.stopping();
-        let handler = gateway.clone();
-        let service = service_fn(move |request| {
+    let stopped_at = std::sync::OnceLock::new();
+    let stopping = async {
+        shutdown.await;
+        let _ = stopped_at.set(tokio::time::Instant::now());
+        // Relays close at once, while upgrades in flight finish.
+        let _ = gateway.stop.send(true);
+        gateway.drain.lock().take();
+    };
+    let handler = gateway.clone();
+    crate::listen::serve_connections(
+        acceptor,
+        "websocket gateway",
+        stopping,
+        grace,
+        |stream, peer| {
             let gateway = handler.clone();
-            async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
-        });
-        let connection = http
-            .serve_connection(TokioIo::new(stream), service)
-            .with_upgrades();
-        let ended = acceptor.ended();
-        tokio::spawn(async move {
-            let _guard = guard;
-            tokio::pin!(connection);
-            let result = tokio::select! {
-                result = connection.as_mut() => result,
-                () = async { let _ = stopping.wait_for(|stop| *stop).await; } => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(e) = result {
-                ended.with_error(&e);
-                tracing::debug!(%peer, "websocket gateway connection ended with an error: {e}");
-            }
-        });
-    }
-    drop(acceptor);
-    let _ = gateway.stop.send(true);
-    gateway.drain.lock().take();
+            let service = service_fn(move |request| {
+                let gateway = gateway.clone();
+                async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
+            });
+            http.serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+        },
+    )
+    .await?;
+    let left = stopped_at
+        .get()
+        .map_or(grace, |at| grace.saturating_sub(at.elapsed()));
     let drained = async {
         let _ = gateway.drained.lock().await.recv().await;
     };
-    if tokio::time::timeout(grace, drained).await.is_err() {
+    if tokio::time::timeout(left, drained).await.is_err() {
         tracing::warn!(
             "websocket gateway: connections still closing after {}; dropping them",
             humantime::format_duration(grace)

@@ -228,9 +228,17 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
     let config = &runtime.config;
     let store = gateway.service().backend().store();
     let mut stopping = gateway.stopping();
+    // Seen by a look at its version, between polls of `shutdown` (below).
+    let stop_signal = gateway.stopping();
     let mut shutdown = Box::pin(async move {
         let _ = stopping.wait_for(|stop| *stop).await;
     });
+    // The waker `shutdown` and `idle_timer` were last polled with. Both keep it while pending,
+    // so while the task's waker stays the same (it does: one task relays the connection) they
+    // are polled again only when they may be ready — a poll costs a lock (the watch channel's
+    // waiter list) or a timer-entry registration, on every message otherwise (~1,000
+    // instructions per relayed round trip, callgrind).
+    let mut registered: Option<std::task::Waker> = None;
     let idle = config.idle_timeout;
     // The timer is re-armed only when it fires (a message only records the time): resetting
     // a timer on every message would cost more than the limiter's whole decision.
@@ -255,15 +263,25 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
             if to_upstream.drive(upstream, cx).is_err() {
                 return Poll::Ready(Event::WriteFailed(Side::Upstream));
             }
-            if shutdown.as_mut().poll(cx).is_ready() {
+            let fresh = registered
+                .as_ref()
+                .is_none_or(|waker| !waker.will_wake(cx.waker()));
+            if (fresh || stop_signal.has_changed().unwrap_or(true))
+                && shutdown.as_mut().poll(cx).is_ready()
+            {
                 return Poll::Ready(Event::Shutdown);
             }
-            while idle_timer.as_mut().poll(cx).is_ready() {
-                let deadline = last_message + idle;
-                if deadline <= Instant::now() {
-                    return Poll::Ready(Event::Idle);
+            if fresh || idle_timer.is_elapsed() {
+                while idle_timer.as_mut().poll(cx).is_ready() {
+                    let deadline = last_message + idle;
+                    if deadline <= Instant::now() {
+                        return Poll::Ready(Event::Idle);
+                    }
+                    idle_timer.as_mut().reset(deadline);
                 }
-                idle_timer.as_mut().reset(deadline);
+            }
+            if fresh {
+                registered = Some(cx.waker().clone());
             }
             turn = !turn;
             let order = if turn {

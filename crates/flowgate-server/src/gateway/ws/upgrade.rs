@@ -27,6 +27,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use super::relay::{self, Relay};
 use super::{Runtime, WsGateway};
 use crate::config::websocket::KeySource;
+use crate::gateway::descriptors::present;
 use crate::gateway::forward;
 
 /// The response body the WebSocket listener writes.
@@ -100,6 +101,8 @@ pub(super) async fn handle(
     if let Err((status, detail)) = forward::check_host(&mut parts) {
         return problem(status, detail);
     }
+    // Keyed and forwarded alike, as on the HTTP gateway.
+    crate::gateway::path::normalise_uri(&mut parts.uri);
     parts.extensions.insert(PeerAddr(peer));
 
     // Who is connecting: the treatment of the HTTP gateway, before any upgrade work.
@@ -216,19 +219,15 @@ fn who(runtime: &Runtime, parts: &Parts) -> Result<Client, KeyRejection> {
 }
 
 /// The value of `source` in the request: `None` when the request lacks it (no such header,
-/// no valid token or claim, no such parameter); a header that is present but unusable as a
-/// key (not visible ASCII, too long) is an error (400).
+/// no valid token or claim, no such parameter); a value that is present but unusable as a
+/// key (not visible ASCII, too long, repeated) is an error (400).
 fn value_of(source: Option<&KeySource>, parts: &Parts) -> Result<Option<String>, KeyRejection> {
     let Some(source) = source else {
         return Ok(None);
     };
     Ok(match source {
-        KeySource::Header(header) => match header.extract(parts) {
-            Ok(value) => Some(value),
-            Err(rejection) if rejection.status == StatusCode::UNAUTHORIZED => None,
-            Err(rejection) => return Err(rejection),
-        },
-        KeySource::JwtClaim(claim) => claim.extract(parts).ok(),
+        KeySource::Header(header) => present(header.extract(parts))?,
+        KeySource::JwtClaim(claim) => present(claim.extract(parts))?,
         KeySource::Query(name) => parts.uri.query().and_then(|q| {
             q.split('&').find_map(|pair| {
                 let (k, v) = pair.split_once('=').unwrap_or((pair, ""));

@@ -13,7 +13,9 @@ pub const DEFAULT_HEADER_MAX_LEN: usize = 256;
 ///
 /// A request without the header (or with an empty one) is rejected with 401 by default
 /// ([`missing`](Self::missing) changes the status); a value that is not visible ASCII or longer
-/// than [`max_len`](Self::max_len) is rejected with 400.
+/// than [`max_len`](Self::max_len) is rejected with 400, and so is a request that carries the
+/// header more than once: keying on one of its values while the application (or an upstream)
+/// may read another would let a client choose which limit it meets.
 ///
 /// ```
 /// use flowgate::http::key::{Header, KeyExtractor};
@@ -58,9 +60,15 @@ impl Header {
 impl Header {
     /// The header's trimmed value, or why it cannot be a key.
     fn value<'a>(&self, parts: &'a Parts) -> Result<&'a str, KeyRejection> {
-        let value = parts
-            .headers
-            .get(&self.name)
+        let mut lines = parts.headers.get_all(&self.name).iter();
+        let first = lines.next();
+        if lines.next().is_some() {
+            return Err(KeyRejection::bad_request(format!(
+                "the {} header appears more than once",
+                self.name
+            )));
+        }
+        let value = first
             .map(|v| v.to_str().map(str::trim))
             .transpose()
             .map_err(|_| {
@@ -122,5 +130,19 @@ mod tests {
         assert_eq!(h.extract(&parts(Some(b" abc "))).unwrap(), "abc");
         let h = h.missing(StatusCode::BAD_REQUEST);
         assert_eq!(h.extract(&parts(None)).unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn a_repeated_header_is_rejected_whatever_its_values() {
+        let h = Header::new(HeaderName::from_static("x-api-key"));
+        for values in [["a", "b"], ["a", "a"], ["", "b"]] {
+            let mut b = http::Request::builder();
+            for v in values {
+                b = b.header("x-api-key", v);
+            }
+            let rejection = h.extract(&b.body(()).unwrap().into_parts().0).unwrap_err();
+            assert_eq!(rejection.status, 400, "{values:?}");
+            assert!(rejection.detail.contains("more than once"), "{rejection:?}");
+        }
     }
 }

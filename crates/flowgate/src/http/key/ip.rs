@@ -131,7 +131,7 @@ impl PeerIp {
         // Writing to a `String` cannot fail.
         let _ = match ip.to_canonical() {
             IpAddr::V4(a) if self.v4_prefix >= 32 => {
-                push_dotted_quad(key, a);
+                push_ip(key, IpAddr::V4(a));
                 Ok(())
             }
             IpAddr::V4(a) => {
@@ -145,7 +145,10 @@ impl PeerIp {
                     self.v4_prefix
                 )
             }
-            IpAddr::V6(a) if self.v6_prefix >= 128 => write!(key, "{a}"),
+            IpAddr::V6(a) if self.v6_prefix >= 128 => {
+                push_ip(key, IpAddr::V6(a));
+                Ok(())
+            }
             IpAddr::V6(a) => {
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.v6_prefix))
@@ -161,22 +164,35 @@ impl PeerIp {
     }
 }
 
-/// Appends `ip` as `Display` writes it (`192.0.2.7`), by hand: `Display` costs more than the
-/// rest of the key extraction, and this runs on every request.
-fn push_dotted_quad(key: &mut String, ip: Ipv4Addr) {
+/// Appends `ip` as `Display` writes it (`192.0.2.7`, `2001:db8::1`) — an IPv4 address by
+/// hand: `Display` goes through the formatting machinery, which costs more than the rest of a
+/// key extraction, and this runs on every request (keys, `X-Forwarded-For`).
+///
+/// ```
+/// let mut out = String::from("for=");
+/// flowgate::http::key::push_ip(&mut out, "192.0.2.7".parse().unwrap());
+/// assert_eq!(out, "for=192.0.2.7");
+/// ```
+pub fn push_ip(out: &mut String, ip: IpAddr) {
+    let IpAddr::V4(ip) = ip else {
+        use std::fmt::Write;
+        // Writing to a `String` cannot fail.
+        let _ = write!(out, "{ip}");
+        return;
+    };
     let digit = |d: u8| char::from(b'0' + d);
-    key.reserve(15);
+    out.reserve(15);
     for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
-            key.push('.');
+            out.push('.');
         }
         if octet >= 100 {
-            key.push(digit(octet / 100));
+            out.push(digit(octet / 100));
         }
         if octet >= 10 {
-            key.push(digit(octet / 10 % 10));
+            out.push(digit(octet / 10 % 10));
         }
-        key.push(digit(octet % 10));
+        out.push(digit(octet % 10));
     }
 }
 
@@ -317,9 +333,6 @@ impl KeyExtractor for ClientIp {
     }
 }
 
-/// `X-Forwarded-For`.
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-
 /// The values of every `name` header line, in order, as text (lines that are not visible ASCII
 /// are one unparsable hop).
 fn lines<'a>(
@@ -332,12 +345,14 @@ fn lines<'a>(
 /// The hops of `X-Forwarded-For`, right to left (the order they are walked in, so nothing is
 /// collected); `None` for one that is not an address.
 fn x_forwarded_for_from_the_right(headers: &HeaderMap) -> impl Iterator<Item = Option<IpAddr>> {
-    lines(headers, &X_FORWARDED_FOR).rev().flat_map(|line| {
-        let hops = line.map(|line| line.rsplit(',').map(|hop| parse_node(hop.trim())));
-        // A line that is not text is one unparsable hop.
-        let unparsable = line.is_none().then_some(None);
-        hops.into_iter().flatten().chain(unparsable)
-    })
+    lines(headers, &crate::http::headers::X_FORWARDED_FOR)
+        .rev()
+        .flat_map(|line| {
+            let hops = line.map(|line| line.rsplit(',').map(|hop| parse_node(hop.trim())));
+            // A line that is not text is one unparsable hop.
+            let unparsable = line.is_none().then_some(None);
+            hops.into_iter().flatten().chain(unparsable)
+        })
 }
 
 /// The `for=` of each element of `Forwarded` (RFC 7239), left to right; `None` for an element

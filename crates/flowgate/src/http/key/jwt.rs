@@ -111,12 +111,19 @@ impl Jwt {
     }
 
     /// The verified claims of the request's bearer token; 401 when it is missing, malformed,
-    /// badly signed or expired.
+    /// badly signed or expired, 400 when the request has more than one `Authorization` header.
     pub fn claims(&self, parts: &Parts) -> Result<Map<String, Value>, KeyRejection> {
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
+        let mut lines = parts.headers.get_all(AUTHORIZATION).iter();
+        let header = lines
+            .next()
             .ok_or_else(|| KeyRejection::unauthorized("a bearer token is required"))?;
+        if lines.next().is_some() {
+            // Which token would the application believe? Keying on one of them would let the
+            // client choose the limit it meets.
+            return Err(KeyRejection::bad_request(
+                "the Authorization header appears more than once",
+            ));
+        }
         let token = header
             .to_str()
             .ok()
@@ -242,6 +249,15 @@ mod tests {
             .into_parts()
             .0;
         assert_eq!(jwt.claim("sub").extract(&basic).unwrap_err().status, 401);
+        // Two tokens: which one the application believes is anyone's guess, so neither keys.
+        let twice = http::Request::builder()
+            .header(AUTHORIZATION, format!("Bearer {good}"))
+            .header(AUTHORIZATION, "Bearer other")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        assert_eq!(jwt.claim("sub").extract(&twice).unwrap_err().status, 400);
     }
 
     #[test]
