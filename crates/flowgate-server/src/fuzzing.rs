@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use flowgate::envoy::{Descriptor, Verdict};
-use flowgate::http::headers::X_FORWARDED_FOR;
+use flowgate::http::key::X_FORWARDED_FOR;
 use flowgate::http::key::{ClientIp, ForwardedHeader, Header, Jwt, KeyExtractor, PeerAddr, PeerIp};
 use flowgate::store::MemoryStore;
 use flowgate::ws::{Classifier, Client};

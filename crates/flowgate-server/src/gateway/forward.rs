@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use bytes::Bytes;
-use flowgate::http::headers::X_FORWARDED_FOR;
+use flowgate::http::key::X_FORWARDED_FOR;
 use flowgate::http::key::push_ip;
 use http::header::{
     CONNECTION, CONTENT_LENGTH, FORWARDED, HOST, HeaderMap, HeaderName, HeaderValue, TE, TRAILER,

@@ -46,9 +46,6 @@ pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rateli
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 /// `Flowgate-Fallback: open|local`: the store could not be asked and a fail mode decided.
 pub static FLOWGATE_FALLBACK: HeaderName = HeaderName::from_static("flowgate-fallback");
-/// `X-Forwarded-For`: the client addresses proxies record (read by
-/// [`ClientIp`](crate::http::key::ClientIp), written by Flowgate's gateway).
-pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// `q` and `w` for a quota: `limit` per `period` in whole seconds. A period that is not a
 /// whole number of seconds is rounded up to one that is and `q` scaled down to match

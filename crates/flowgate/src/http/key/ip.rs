@@ -19,6 +19,10 @@ use ipnet::IpNet;
 
 use super::{KeyExtractor, KeyRejection};
 
+/// `X-Forwarded-For`: the client addresses proxies record (read by [`ClientIp`], written by
+/// Flowgate's gateway).
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// The remote address of a request's connection, for servers that do not record one in a form
 /// [`PeerIp`] finds by itself. Insert it into the request's extensions (hyper: in the
 /// `service_fn` that you serve the connection with).
@@ -345,7 +349,7 @@ fn lines<'a>(
 /// The hops of `X-Forwarded-For`, right to left (the order they are walked in, so nothing is
 /// collected); `None` for one that is not an address.
 fn x_forwarded_for_from_the_right(headers: &HeaderMap) -> impl Iterator<Item = Option<IpAddr>> {
-    lines(headers, &crate::http::headers::X_FORWARDED_FOR)
+    lines(headers, &X_FORWARDED_FOR)
         .rev()
         .flat_map(|line| {
             let hops = line.map(|line| line.rsplit(',').map(|hop| parse_node(hop.trim())));
