@@ -17,6 +17,9 @@
 //!   (Space-Saving), cheap to feed from many threads.
 //! * **Several limits per request** ([`limits`]): all must allow; nothing is consumed when one
 //!   denies.
+//! * **Envoy's quota protocol** ([`rlqs`]): one limit divided among the Envoys that enforce it
+//!   themselves (RLQS): fair shares from reported demand, kept within a documented bound
+//!   across Flowgate instances by the shared store.
 //! * **Envoy's rate-limit model** (`envoy`, feature `envoy`): envoyproxy/ratelimit's domains,
 //!   descriptors and rule trees.
 //! * **WebSocket** (`ws`, feature `ws`): limits per connection, IP, user, room, slowmode and
@@ -59,6 +62,7 @@ pub mod http;
 pub mod limits;
 pub mod local;
 pub mod quota;
+pub mod rlqs;
 pub mod simulate;
 pub mod store;
 pub mod top;
