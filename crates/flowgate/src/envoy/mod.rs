@@ -73,5 +73,5 @@ pub use descriptor::{Descriptor, Entry, LimitOverride};
 pub use key::counter_key;
 pub use resolve::{AppliedLimit, resolve};
 pub use rules::{DomainSpec, LimitSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath, RuleSpec};
-pub use ruleset::{DomainRules, RuleSet};
+pub use ruleset::{DomainRules, MAX_BUCKET_STEPS, RuleSet};
 pub use unit::{Unit, UnknownUnit};
