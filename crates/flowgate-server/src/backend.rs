@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use flowgate::clock::{Clock, PreciseClock};
 use flowgate::local::TableStats;
+use flowgate::rlqs::Ledger;
 use flowgate::store::{DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
 
@@ -22,6 +23,9 @@ pub struct Backend {
     /// The memory store's size and evictions, when the counters are in this process's memory
     /// store (for `/metrics`).
     memory: Option<Arc<dyn Fn() -> TableStats + Send + Sync>>,
+    /// Where RLQS divisions are shared with other instances (the shared store's); `None`:
+    /// this process only.
+    quota_ledger: Option<Arc<dyn Ledger>>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -70,6 +74,7 @@ impl Backend {
             store,
             shared: None,
             memory: None,
+            quota_ledger: None,
         }
     }
 
@@ -81,6 +86,7 @@ impl Backend {
             store,
             shared: None,
             memory: Some(Arc::new(move || stats.stats())),
+            quota_ledger: None,
         }
     }
 
@@ -97,7 +103,20 @@ impl Backend {
             store: fallback.clone(),
             shared: Some(fallback),
             memory: None,
+            quota_ledger: None,
         }
+    }
+
+    /// The same backend, sharing RLQS divisions through `ledger` (the shared store's:
+    /// [`RedisStore::quota_ledger`](flowgate::store::RedisStore::quota_ledger)).
+    pub fn with_quota_ledger(mut self, ledger: Arc<dyn Ledger>) -> Self {
+        self.quota_ledger = Some(ledger);
+        self
+    }
+
+    /// Where RLQS divisions are shared, when they are.
+    pub fn quota_ledger(&self) -> Option<Arc<dyn Ledger>> {
+        self.quota_ledger.clone()
     }
 
     /// The store every request is checked in.

@@ -239,6 +239,8 @@ pub struct Metrics {
     series: parking_lot::Mutex<Series>,
     /// `detailed_metric` values counted in their rule's series because of the bound.
     detailed_overflow: Counter,
+    /// The RLQS service's metrics (`crate::rlqs::metrics`).
+    rlqs: crate::rlqs::RlqsMetrics,
 }
 
 /// Reads the WebSocket gateway's counters.
@@ -428,7 +430,9 @@ impl Metrics {
             "Hits of detailed_metric rules counted in the rule's own series because MAX_DETAILED_SERIES value series exist",
             detailed_overflow.clone(),
         );
+        let rlqs = crate::rlqs::RlqsMetrics::register(&mut registry);
         Metrics {
+            rlqs,
             series: parking_lot::Mutex::default(),
             detailed_overflow,
             http_oversized_bodies,
@@ -461,6 +465,11 @@ impl Metrics {
             oversized: self.listener_oversized.get_or_create_owned(&label),
             tls_failures: self.listener_tls_failures.get_or_create_owned(&label),
         }
+    }
+
+    /// The RLQS service's metrics.
+    pub fn rlqs(&self) -> &crate::rlqs::RlqsMetrics {
+        &self.rlqs
     }
 
     /// Counts an HTTP API request refused for its body's size.

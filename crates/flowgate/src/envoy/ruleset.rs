@@ -422,7 +422,10 @@ mod tests {
         let (path, order) = find(&[("route", "r"), ("client", "a")]).unwrap();
         assert_eq!(path, "client.route");
         assert_eq!(order, entries(&[("client", "a"), ("route", "r")]));
-        assert_eq!(find(&[("inner", "x"), ("outer", "o")]).unwrap().0, "outer.inner_x");
+        assert_eq!(
+            find(&[("inner", "x"), ("outer", "o")]).unwrap().0,
+            "outer.inner_x"
+        );
         assert_eq!(find(&[("key", "special")]).unwrap().0, "key_special");
         // Every entry must be used; an intermediate rule without a limit matches nothing.
         assert_eq!(find(&[("client", "a"), ("x", "y")]), None);
@@ -462,7 +465,9 @@ mod tests {
                 .collect()
         }
         let set = RuleSet::build(vec![DomainSpec::new("d", level(2))]).unwrap();
-        let many: Vec<Entry> = (0..16).map(|k| Entry::new(format!("k{k:02}"), "v")).collect();
+        let many: Vec<Entry> = (0..16)
+            .map(|k| Entry::new(format!("k{k:02}"), "v"))
+            .collect();
         assert_eq!(set.domain("d").unwrap().find_unordered(&many), None);
     }
 

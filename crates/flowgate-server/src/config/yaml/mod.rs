@@ -7,6 +7,7 @@
 //! * [`gateway`]: the `gateway` section.
 
 mod gateway;
+mod rlqs;
 mod rules;
 mod websocket;
 
@@ -19,8 +20,10 @@ use serde_saphyr::{Location, Spanned};
 use super::Reference;
 use super::error::ConfigError;
 use super::gateway::GatewayConfig;
+use super::rlqs::RlqsConfig;
 use super::websocket::WebSocketConfig;
 use gateway::{GatewayYaml, convert_gateway};
+use rlqs::{RlqsYaml, convert_rlqs};
 use rules::{DescriptorYaml, convert_all};
 use websocket::{WebSocketYaml, convert_websocket};
 
@@ -39,6 +42,9 @@ struct FileYaml {
     /// Extension: the WebSocket gateway's upgrade and message limits.
     #[serde(default)]
     websocket: Option<Spanned<WebSocketYaml>>,
+    /// Extension: how Envoy's Rate Limit Quota Service divides this domain's limits.
+    #[serde(default)]
+    rlqs: Option<Spanned<RlqsYaml>>,
 }
 
 /// Where each rule of a parsed file is, by index path below the domain, for errors found
@@ -76,6 +82,8 @@ pub(crate) struct Parsed {
     pub(crate) gateway: Option<(GatewayConfig, (u64, u64))>,
     /// The `websocket` section, if any, with its position.
     pub(crate) websocket: Option<(WebSocketConfig, (u64, u64))>,
+    /// The `rlqs` section, if any.
+    pub(crate) rlqs: Option<RlqsConfig>,
 }
 
 /// Parses one file into its domain (and gateway section), collecting every semantic error.
@@ -123,12 +131,16 @@ pub(crate) fn parse(
         let at = pos(&w.referenced);
         convert_websocket(file, w.value, at, &mut errors, references).map(|w| (w, at))
     });
+    let rlqs = yaml
+        .rlqs
+        .and_then(|r| convert_rlqs(file, r.value, pos(&r.referenced), &mut errors));
     if errors.is_empty() {
         Ok(Parsed {
             domain: DomainSpec::new(yaml.domain.value, descriptors),
             positions,
             gateway,
             websocket,
+            rlqs,
         })
     } else {
         Err(errors)

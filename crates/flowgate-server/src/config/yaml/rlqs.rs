@@ -1,0 +1,232 @@
+//! The `rlqs` section (see [`crate::config::rlqs`]).
+
+use std::path::Path;
+use std::time::Duration;
+
+use flowgate::Quota;
+use flowgate::rlqs::Fairness;
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::pos;
+use crate::config::error::ConfigError;
+use crate::config::rlqs::{RlqsConfig, Unmatched};
+
+/// The `rlqs` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RlqsYaml {
+    /// The Envoys' reporting interval.
+    #[serde(default)]
+    report_interval: Option<Spanned<String>>,
+    /// Assignments' time to live.
+    #[serde(default)]
+    assignment_ttl: Option<Spanned<String>>,
+    /// Idle time before abandoning a bucket.
+    #[serde(default)]
+    abandon_after: Option<Spanned<String>>,
+    /// allow | deny | divide.
+    #[serde(default)]
+    unmatched: Option<Spanned<String>>,
+    /// The limit of `divide`.
+    #[serde(default)]
+    unmatched_limit: Option<Spanned<LimitYaml>>,
+    /// The division's settings.
+    #[serde(default)]
+    fairness: Option<FairnessYaml>,
+}
+
+/// `{limit: N, per: DURATION}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitYaml {
+    /// Requests per period.
+    limit: Spanned<u64>,
+    /// The period.
+    per: Spanned<String>,
+}
+
+/// `fairness`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FairnessYaml {
+    #[serde(default)]
+    floor: Option<Spanned<f64>>,
+    #[serde(default)]
+    headroom: Option<Spanned<f64>>,
+    #[serde(default)]
+    burst: Option<Spanned<f64>>,
+    #[serde(default)]
+    overshoot: Option<Spanned<f64>>,
+    #[serde(default)]
+    join_budget: Option<Spanned<f64>>,
+}
+
+/// Collects errors under `rlqs.`.
+struct Errors<'a> {
+    file: &'a Path,
+    errors: &'a mut Vec<ConfigError>,
+}
+
+impl Errors<'_> {
+    fn push(&mut self, at: (u64, u64), field: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError::at(
+            self.file,
+            at,
+            Some(&format!("rlqs.{field}")),
+            message,
+        ));
+    }
+
+    fn duration(&mut self, d: &Spanned<String>, field: &str) -> Option<Duration> {
+        match humantime::parse_duration(d.value.trim()) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.push(
+                    pos(&d.referenced),
+                    field,
+                    format!(
+                        "`{}` is not a duration ({e}); write e.g. `1s`, `500ms`",
+                        d.value
+                    ),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Validates the `rlqs` section; pushes its errors and returns `None` when it has any.
+pub(super) fn convert_rlqs(
+    file: &Path,
+    r: RlqsYaml,
+    at_section: (u64, u64),
+    errors: &mut Vec<ConfigError>,
+) -> Option<RlqsConfig> {
+    let before = errors.len();
+    let mut e = Errors { file, errors };
+    let mut config = RlqsConfig::default();
+    if let Some(d) = &r.report_interval
+        && let Some(v) = e.duration(d, "report_interval")
+    {
+        if v <= Duration::from_millis(100) || v > Duration::from_secs(3600) {
+            e.push(
+                pos(&d.referenced),
+                "report_interval",
+                "must be longer than 100ms (Envoy's minimum) and at most 1h",
+            );
+        }
+        config.report_interval = v;
+    }
+    if let Some(d) = &r.assignment_ttl
+        && let Some(v) = e.duration(d, "assignment_ttl")
+    {
+        if v.subsec_nanos() != 0 || v.is_zero() {
+            e.push(
+                pos(&d.referenced),
+                "assignment_ttl",
+                "must be a whole number of seconds (Envoy ignores fractions), at least 1s",
+            );
+        }
+        config.assignment_ttl = v;
+    }
+    if config.assignment_ttl <= config.report_interval {
+        let at = r
+            .assignment_ttl
+            .as_ref()
+            .or(r.report_interval.as_ref())
+            .map_or(at_section, |d| pos(&d.referenced));
+        e.push(
+            at,
+            "assignment_ttl",
+            format!(
+                "must be longer than report_interval ({}), or assignments expire between two ticks",
+                humantime::format_duration(config.report_interval)
+            ),
+        );
+    }
+    if let Some(d) = &r.abandon_after
+        && let Some(v) = e.duration(d, "abandon_after")
+    {
+        if v < config.report_interval * 2 {
+            e.push(
+                pos(&d.referenced),
+                "abandon_after",
+                "must be at least two report intervals",
+            );
+        }
+        config.abandon_after = v;
+    }
+    let limit = r.unmatched_limit.as_ref().and_then(|l| {
+        let period = e.duration(&l.value.per, "unmatched_limit.per")?;
+        match Quota::new(l.value.limit.value, period) {
+            Ok(q) if l.value.limit.value > 0 => Some(q),
+            Ok(_) => {
+                e.push(
+                    pos(&l.value.limit.referenced),
+                    "unmatched_limit.limit",
+                    "must be at least 1 (use `unmatched: deny` to deny)",
+                );
+                None
+            }
+            Err(err) => {
+                e.push(pos(&l.referenced), "unmatched_limit", err.to_string());
+                None
+            }
+        }
+    });
+    match r.unmatched.as_ref().map(|u| (u, u.value.trim())) {
+        None | Some((_, "allow")) => config.unmatched = Unmatched::Allow,
+        Some((_, "deny")) => config.unmatched = Unmatched::Deny,
+        Some((u, "divide")) => match limit {
+            Some(q) => config.unmatched = Unmatched::Divide(q),
+            None if r.unmatched_limit.is_none() => e.push(
+                pos(&u.referenced),
+                "unmatched",
+                "`divide` needs `unmatched_limit: {limit: N, per: DURATION}`",
+            ),
+            None => {}
+        },
+        Some((u, other)) => e.push(
+            pos(&u.referenced),
+            "unmatched",
+            format!("unknown value `{other}`; expected allow, deny or divide"),
+        ),
+    }
+    if let (Some(l), false) = (
+        &r.unmatched_limit,
+        matches!(config.unmatched, Unmatched::Divide(_)),
+    ) && !r
+        .unmatched
+        .as_ref()
+        .is_some_and(|u| u.value.trim() == "divide")
+    {
+        e.push(
+            pos(&l.referenced),
+            "unmatched_limit",
+            "applies only with `unmatched: divide`",
+        );
+    }
+    if let Some(f) = &r.fairness {
+        let fields: [(&Option<Spanned<f64>>, fn(&mut Fairness) -> &mut f64); 5] = [
+            (&f.floor, |x| &mut x.floor),
+            (&f.headroom, |x| &mut x.headroom),
+            (&f.burst, |x| &mut x.burst),
+            (&f.overshoot, |x| &mut x.overshoot),
+            (&f.join_budget, |x| &mut x.join_budget),
+        ];
+        // Each field checked on its own, so that every wrong one is reported.
+        for (value, field) in fields {
+            let Some(value) = value else { continue };
+            let mut alone = Fairness::default();
+            *field(&mut alone) = value.value;
+            match alone.validate() {
+                Ok(()) => *field(&mut config.fairness) = value.value,
+                Err((name, message)) => {
+                    e.push(pos(&value.referenced), &format!("fairness.{name}"), message);
+                }
+            }
+        }
+    }
+    (errors.len() == before).then_some(config)
+}
