@@ -176,8 +176,9 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
     let server = start(&[("edge.yaml", POLICY)], &clock, &ticks).await;
     let (tx, mut inbound) = raw(&server).await;
 
-    // First report: the tenant's bucket is divided (alone: the whole limit), the others are
-    // blanket rules, a bucket no rule matches is allowed (the default).
+    // First report: the tenant's bucket claims a first share (nobody holds any: a quarter of
+    // the 103 a division could hand out), the others are blanket rules, a bucket no rule
+    // matches is allowed (the default).
     tx.send(report(
         "edge",
         vec![
@@ -192,7 +193,7 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
     let first = next(&mut inbound).await.unwrap().unwrap();
     let got = actions(&first);
     let ttl = Some(Duration::from_secs(3));
-    assert_eq!(got["tenant=t1"], Some((token_bucket(2, 100), ttl)));
+    assert_eq!(got["tenant=t1"], Some((token_bucket(1, 25), ttl)));
     assert_eq!(got["free=x"], Some((Strategy::AllowAll, ttl)));
     assert_eq!(got["banned=y"], Some((Strategy::DenyAll, ttl)));
     assert_eq!(got["path=/nothing"], Some((Strategy::AllowAll, ttl)));
@@ -205,7 +206,7 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
             usage(&[("tenant", "t1")], 80, 0),
             usage(&[("free", "x")], 5, 0),
             usage(&[("banned", "y")], 0, 5),
-            usage(&[("path", "/nothing")], 0, 0),
+            usage(&[("path", "/nothing")], 1, 0),
         ],
     ))
     .await
@@ -214,7 +215,7 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
     assert!(ticks.tick().await);
     let refreshed = actions(&next(&mut inbound).await.unwrap().unwrap());
     assert_eq!(refreshed.len(), 4);
-    assert_eq!(refreshed["tenant=t1"], Some((token_bucket(2, 100), ttl)));
+    assert_eq!(refreshed["tenant=t1"], Some((token_bucket(1, 25), ttl)));
 
     // Buckets that report nothing for `abandon_after` (5 s) are abandoned. Each report is
     // taken at the server's time when it arrives: wait for it before moving the clock.
@@ -237,6 +238,16 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
             12.0 + 4.0 * f64::from(step),
         )
         .await;
+        if step < 5 {
+            assert!(ticks.tick().await);
+            let message = actions(&next(&mut inbound).await.unwrap().unwrap());
+            // From the second tick on, the whole limit.
+            assert_eq!(
+                message["tenant=t1"],
+                Some((token_bucket(2, 100), ttl)),
+                "{step}"
+            );
+        }
     }
     assert!(ticks.tick().await);
     let later = actions(&next(&mut inbound).await.unwrap().unwrap());
@@ -289,6 +300,18 @@ async fn the_simulated_envoy_enforces_what_it_is_assigned() {
     assert!(envoy.receive_one(clock.now()).await);
     assert_eq!(
         envoy.phase(&t1, clock.now()),
+        Some(Phase::Active(token_bucket(1, 25)))
+    );
+    // Two ticks later, the whole limit.
+    for reports in [2.0, 3.0] {
+        clock.advance(Duration::from_secs(1));
+        envoy.report(clock.now()).await;
+        common::wait_metric(&server, "flowgate_rlqs_reports_total", reports).await;
+        assert!(ticks.tick().await);
+        assert!(envoy.receive_one(clock.now()).await);
+    }
+    assert_eq!(
+        envoy.phase(&t1, clock.now()),
         Some(Phase::Active(token_bucket(2, 100)))
     );
     // 100 per second and a bucket of 2: 500 requests evenly over a second admit 2 + 99.
@@ -325,7 +348,7 @@ async fn draining_expires_every_assignment_and_ends_the_streams() {
     let expired = actions(&next(&mut inbound).await.unwrap().unwrap());
     assert_eq!(
         expired["tenant=a"],
-        Some((token_bucket(2, 100), Some(Duration::ZERO)))
+        Some((token_bucket(1, 25), Some(Duration::ZERO)))
     );
     assert_eq!(
         expired["free=b"],
@@ -541,7 +564,7 @@ async fn unmatched_buckets_follow_the_domains_setting() {
     let got = actions(&next(&mut inbound2).await.unwrap().unwrap());
     assert_eq!(
         got["anything=1"],
-        Some((token_bucket(1, 49), Some(Duration::from_secs(3))))
+        Some((token_bucket(1, 12), Some(Duration::from_secs(3))))
     );
     server.stop().await;
 }

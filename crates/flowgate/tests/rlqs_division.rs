@@ -20,8 +20,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use flowgate::clock::{ManualClock, Nanos};
-use flowgate::rlqs::ledger::{self, Joined, Terms, Timing};
-use flowgate::rlqs::{Division, Fairness, Member, MemoryLedger, Share};
+use flowgate::rlqs::ledger::{self, Holding, Joined, Terms, Timing};
+use flowgate::rlqs::{Division, Fairness, Member, MemoryLedger};
 use proptest::prelude::*;
 
 fn fairness() -> impl Strategy<Value = Fairness> {
@@ -103,7 +103,8 @@ proptest! {
         }
         // Max-min fairness among the members served.
         let wants: BTreeMap<&str, u64> = members.iter().map(|m| {
-            let want = m.demand.map_or(u64::MAX, |dm| (dm as f64 * fairness.headroom).ceil() as u64);
+            let milli = (fairness.headroom * 1000.0).round() as u128;
+            let want = m.demand.map_or(u64::MAX, |dm| (u128::from(dm) * milli).div_ceil(1000) as u64);
             (m.id.as_str(), want.max(d.floor()))
         }).collect();
         for (id, share) in d.shares() {
@@ -167,8 +168,8 @@ fn events() -> impl Strategy<Value = Vec<Vec<Event>>> {
 struct Held {
     instance: usize,
     demand: Option<u64>,
-    /// What it was last assigned.
-    share: Option<Share>,
+    /// What it holds.
+    holding: Holding,
     /// Whether it left (stopped reporting).
     gone: bool,
 }
@@ -194,10 +195,11 @@ proptest! {
         let mut held: BTreeMap<String, Held> = BTreeMap::new();
         let mut next_id = 0u32;
         let assigned = |held: &BTreeMap<String, Held>| -> u64 {
-            held.values().filter_map(|h| h.share).map(|s| s.tokens + s.bucket).sum()
+            held.values().filter_map(|h| h.holding.current()).map(|s| s.tokens + s.bucket).sum()
         };
         for (k, events) in plan.iter().enumerate() {
-            // The three instances tick at the start of the tick, in an order of the plan's.
+            // The three instances tick at the start of the tick, in an order of the plan's;
+            // an instance ticks only the rule instances it has members of.
             let mut instances = vec![0usize, 1, 2];
             instances.rotate_left(order[k % order.len()] % 3);
             for &instance in &instances {
@@ -207,7 +209,6 @@ proptest! {
                     .map(|(id, h)| (id.clone(), h.demand))
                     .collect();
                 if demands.is_empty() {
-                    // An instance ticks only the rule instances it has members of.
                     continue;
                 }
                 let refs: Vec<(&str, Option<u64>)> =
@@ -215,9 +216,13 @@ proptest! {
                 let tick = now(ledger::tick(&store, "rule", &terms, &refs)).unwrap();
                 for (id, _) in &demands {
                     let h = held.get_mut(id).unwrap();
-                    h.share = ledger::next_share(h.share, tick.current.get(id)).or(h.share);
+                    if h.holding.apply(tick.number, tick.current.get(id)).is_none() {
+                        let claimed = now(ledger::claim_first_share(&store, "rule", &terms, &tick)).unwrap();
+                        if let Joined::Claimed { share, tick } = claimed {
+                            h.holding.claimed(tick, share);
+                        }
+                    }
                 }
-                prop_assert!(tick.current.bound() <= cap.max(tick.current.pool() + tick.current.shares().map(|(_, s)| s.bucket).sum::<u64>() + tick.current.join_budget()));
                 prop_assert!(assigned(&held) <= cap, "tick {}: {} assigned > {}", k, assigned(&held), cap);
             }
             // Events within the tick.
@@ -227,18 +232,17 @@ proptest! {
                     Event::Join { instance } => {
                         let id = format!("i{instance}:{next_id}");
                         next_id += 1;
-                        let (tick, joined) = now(ledger::join(&store, "rule", &terms, &id)).unwrap();
-                        if !tick.had_previous && tick.current.pool() == 0 {
+                        let joined = now(ledger::join(&store, "rule", &terms, &id)).unwrap();
+                        if next_id == 1 {
                             // Nobody held anything: a share at once.
                             prop_assert!(joined.share().is_some(), "{:?}", joined);
                         }
-                        if !tick.had_previous && tick.current.get(&id).is_some() {
-                            prop_assert!(matches!(joined, Joined::Divided(_)), "{:?}", joined);
-                        }
-                        if let Joined::Claimed(share) = joined {
+                        let mut holding = Holding::default();
+                        if let Joined::Claimed { share, tick } = joined {
                             prop_assert!(share.tokens >= 1);
+                            holding.claimed(tick, share);
                         }
-                        held.insert(id, Held { instance: *instance, demand: None, share: joined.share(), gone: false });
+                        held.insert(id, Held { instance: *instance, demand: None, holding, gone: false });
                     }
                     Event::Demand { index, demand } if !live.is_empty() => {
                         held.get_mut(&live[index % live.len()]).unwrap().demand = Some(*demand);
@@ -252,11 +256,11 @@ proptest! {
                 prop_assert!(assigned(&held) <= cap, "tick {}: {} assigned > {} after {:?}", k, assigned(&held), cap, event);
             }
             clock.advance(Duration::from_secs(1));
-            // A member that left two ticks ago no longer holds anything (its assignment
-            // expired; the server only forgets it once stale).
+            // A member that left a tick ago no longer holds anything (its assignment
+            // expired; the ledger forgets it only once stale, later).
             for h in held.values_mut() {
                 if h.gone {
-                    h.share = None;
+                    h.holding.reset();
                 }
             }
         }

@@ -33,15 +33,8 @@ fn terms(limit: u64) -> Terms {
 /// What one step of the script answered, comparable across ledgers.
 #[derive(Debug, PartialEq)]
 enum Seen {
-    Tick {
-        number: u64,
-        division: String,
-        had_previous: bool,
-    },
-    Join {
-        number: u64,
-        joined: Joined,
-    },
+    Tick { number: u64, division: String },
+    Join { joined: Joined },
 }
 
 /// Runs the conformance script on `ledger` (whose time is `clock`) for rule instance `rule`.
@@ -53,36 +46,42 @@ async fn script(ledger: &dyn Ledger, clock: &ManualClock, rule: &str) -> Vec<See
         Seen::Tick {
             number: tick.number,
             division: tick.current.encode(),
-            had_previous: tick.had_previous,
         }
     };
-    // A fresh rule: the first member is divided at once, then the join budget runs out.
+    // A fresh rule: members claim a quarter of what is left each.
     for member in ["a:1", "b:2", "c:3", "d:4"] {
-        let (now, joined) = ledger::join(ledger, rule, &t, member).await.unwrap();
-        seen.push(Seen::Join {
-            number: now.number,
-            joined,
-        });
+        let joined = ledger::join(ledger, rule, &t, member).await.unwrap();
+        seen.push(Seen::Join { joined });
     }
     clock.advance(Duration::from_millis(1500));
     seen.push(tick(&[("a:1", Some(700)), ("b:2", Some(50))]).await);
     seen.push(tick(&[("c:3", Some(400))]).await);
+    // This tick's budget still carries the last tick's claims: a joiner waits.
+    let joined = ledger::join(ledger, rule, &t, "x:9").await.unwrap();
+    seen.push(Seen::Join { joined });
     clock.advance(Duration::from_secs(1));
     seen.push(tick(&[("a:1", Some(700)), ("b:2", Some(50)), ("c:3", Some(400))]).await);
     // d never reported again; it goes stale. A joiner claims within the next tick.
-    let (now, joined) = ledger::join(ledger, rule, &t, "e:5").await.unwrap();
-    seen.push(Seen::Join {
-        number: now.number,
-        joined,
-    });
+    let joined = ledger::join(ledger, rule, &t, "e:5").await.unwrap();
+    let claimed_in = match joined {
+        Joined::Claimed { tick, .. } => tick,
+        Joined::Waiting => 0,
+    };
+    seen.push(Seen::Join { joined });
     ledger.remove(rule, &["b:2"]).await.unwrap();
     clock.advance(Duration::from_secs(2));
     seen.push(tick(&[("a:1", Some(100)), ("c:3", Some(400)), ("e:5", Some(10))]).await);
     clock.advance(Duration::from_secs(1));
     seen.push(tick(&[("a:1", Some(100)), ("e:5", Some(10))]).await);
     // A claim for a tick that has passed.
+    let claim = ledger::Claim {
+        ask: 1,
+        fraction: 0.5,
+        burst: 0.02,
+        budget: 100,
+    };
     let late = ledger
-        .claim(rule, &t.timing, now.number, 1, 100)
+        .claim(rule, &t.timing, claimed_in, &claim)
         .await
         .unwrap();
     assert_eq!(late, ledger::Claimed::TickPassed);
@@ -98,26 +97,18 @@ async fn conforms(redis: &RedisStore, clock: &ManualClock, rules: &[&str]) {
         clock.set(START);
         let got = script(&quota, clock, rule).await;
         assert_eq!(got, expected, "rule {rule}");
-        // The script covers: a division at once, claims, a wait, stale and removed members.
+        // The script covers: claims on a fresh rule and later, a wait, stale and removed
+        // members.
         assert!(matches!(
             expected[0],
             Seen::Join {
-                joined: Joined::Divided(_),
-                ..
-            }
-        ));
-        assert!(matches!(
-            expected[1],
-            Seen::Join {
-                joined: Joined::Claimed(_),
-                ..
+                joined: Joined::Claimed { .. }
             }
         ));
         assert!(expected.iter().any(|s| matches!(
             s,
             Seen::Join {
-                joined: Joined::Waiting,
-                ..
+                joined: Joined::Waiting
             }
         )));
     }

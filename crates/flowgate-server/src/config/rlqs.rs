@@ -12,7 +12,7 @@
 //!   abandon_after: 30s      # a bucket that reports no requests this long is abandoned
 //!   unmatched: allow        # buckets no rule matches: allow | deny | divide
 //!   unmatched_limit: {limit: 100, per: 1s}   # with `divide`: each such bucket's limit
-//!   fairness: {floor: 0.2, headroom: 1.25, burst: 0.02, overshoot: 0.05, join_budget: 0.02}
+//!   fairness: {floor: 0.2, headroom: 1.1, burst: 0.02, overshoot: 0.05, join_budget: 0.02}
 //! ```
 
 use std::time::Duration;

@@ -146,23 +146,28 @@ impl Envoy {
     }
 
     /// Sends the first report of every bucket created since the last call (Envoy sends each
-    /// at once), opening the stream if needed.
-    pub async fn flush(&mut self) {
+    /// at once), opening the stream if needed. Returns the bucket reports sent.
+    pub async fn flush(&mut self) -> u64 {
         let first = self.buckets.take_first_reports();
+        let mut sent = 0;
         for usage in first {
             let message = self.message(vec![usage]);
-            self.send(message).await;
+            if self.send(message).await {
+                sent += 1;
+            }
         }
+        sent
     }
 
     /// The periodic report at `now` (every bucket), reopening the stream if it ended.
-    pub async fn report(&mut self, now: Nanos) {
-        // Reports first: one for a bucket created since the last flush is its first.
+    /// Returns the bucket reports sent.
+    pub async fn report(&mut self, now: Nanos) -> u64 {
         let usages = self.buckets.take_reports(now);
         self.ids
             .retain(|k, _| usages.iter().any(|u| &u.bucket == k));
+        let count = usages.len() as u64;
         let message = self.message(usages);
-        self.send(message).await;
+        if self.send(message).await { count } else { 0 }
     }
 
     /// Applies every message that has arrived, at `now`; returns how many.
@@ -245,15 +250,18 @@ impl Envoy {
         }
     }
 
-    async fn send(&mut self, message: RateLimitQuotaUsageReports) {
+    /// Sends `message` (opening the stream if needed); whether it was sent.
+    async fn send(&mut self, message: RateLimitQuotaUsageReports) -> bool {
         if self.stream.is_none() && !self.open().await {
             // Envoy drops the report when it cannot open the stream.
-            return;
+            return false;
         }
-        if let Some(stream) = &self.stream
-            && stream.out.send(message).await.is_err()
-        {
-            self.stream = None;
+        match &self.stream {
+            Some(stream) if stream.out.send(message).await.is_ok() => true,
+            _ => {
+                self.stream = None;
+                false
+            }
         }
     }
 

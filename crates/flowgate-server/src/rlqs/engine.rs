@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQ
 use flowgate::FailMode;
 use flowgate::clock::{Clock, Nanos, nanos};
 use flowgate::rlqs::client::Strategy;
-use flowgate::rlqs::ledger::{self, Joined, Ledger, Terms, Tick};
+use flowgate::rlqs::ledger::{self, Holding, Joined, Ledger, Terms, Tick};
 use flowgate::rlqs::{DemandEstimate, MemoryLedger, Share};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
@@ -53,12 +53,8 @@ struct Bucket {
     target: Target,
     /// Its reported demand.
     demand: DemandEstimate,
-    /// The share last assigned (divided targets).
-    share: Option<Share>,
-    /// The tick of the claim it holds, if its share came from the join budget.
-    claimed: Option<u64>,
-    /// Its share in the last division it was in, and that division's tick.
-    prev: Option<(u64, Share)>,
+    /// What it holds of its rule instance's divisions (divided targets).
+    holding: Holding,
     /// The strategy last sent.
     sent: Option<Strategy>,
 }
@@ -267,6 +263,8 @@ impl Engine {
         let ttl = active.policy.rlqs(domain).assignment_ttl;
         let mut actions = Vec::new();
         let mut joins: Vec<(BucketKey, Divided, String)> = Vec::new();
+        // Counted once the message is answered, so that whoever sees the count sees the answer.
+        let mut reports = 0;
         {
             let mut guard = self.state.lock();
             let state = &mut *guard;
@@ -312,7 +310,7 @@ impl Engine {
                             )),
                         )
                     })?;
-                self.metrics.reports.inc();
+                reports += 1;
                 self.metrics
                     .reported_requests
                     .get_or_create(&super::metrics::DecisionLabel {
@@ -324,7 +322,12 @@ impl Engine {
                     .get_or_create(&super::metrics::DecisionLabel { decision: "denied" })
                     .inc_by(usage.num_requests_denied);
                 if let Some(bucket) = stream.buckets.get_mut(&key) {
-                    bucket.demand.report(count, now, period_of(&bucket.target));
+                    bucket.demand.report_with_denials(
+                        count,
+                        usage.num_requests_denied,
+                        now,
+                        period_of(&bucket.target),
+                    );
                     continue;
                 }
                 if stream.buckets.len() >= self.options.max_buckets_per_stream {
@@ -346,9 +349,7 @@ impl Engine {
                     member: member.clone(),
                     target: target.clone(),
                     demand,
-                    share: None,
-                    claimed: None,
-                    prev: None,
+                    holding: Holding::default(),
                     sent: None,
                 };
                 match target {
@@ -389,59 +390,40 @@ impl Engine {
                 actions.push(bucket::assignment(&bucket.id, &answer.strategy, ttl));
                 self.metrics
                     .assignment(bucket::action_name(&answer.strategy));
-                bucket.share = answer.share;
-                bucket.claimed = answer.claimed;
-                bucket.prev = answer.prev;
+                if let Some((tick, share)) = answer.claim {
+                    bucket.holding.claimed(tick, share);
+                }
                 bucket.sent = Some(answer.strategy);
             }
         }
         if !actions.is_empty() {
             self.send(id, actions);
         }
+        self.metrics.reports.inc_by(reports);
         Ok(())
     }
 
     /// A first assignment for a new member, or `None` if it waits for a later division.
     async fn join(&self, divided: &Divided, member: &str) -> Option<JoinAnswer> {
-        let period = divided.period;
         match ledger::join(&*self.ledger, &divided.rule, &divided.terms, member).await {
-            Ok((tick, joined)) => {
-                self.observe(tick.now);
-                match joined {
-                    Joined::Divided(share) => {
-                        self.metrics.join("divided");
-                        Some(JoinAnswer {
-                            strategy: bucket::strategy(share, period),
-                            share: Some(share),
-                            claimed: None,
-                            prev: Some((tick.number, share)),
-                        })
-                    }
-                    Joined::Claimed(share) => {
-                        self.metrics.join("claimed");
-                        Some(JoinAnswer {
-                            strategy: bucket::strategy(share, period),
-                            share: Some(share),
-                            claimed: Some(tick.number),
-                            prev: None,
-                        })
-                    }
-                    Joined::Waiting => {
-                        self.metrics.join("waiting");
-                        None
-                    }
-                }
+            Ok(Joined::Claimed { share, tick }) => {
+                self.metrics.join("claimed");
+                Some(JoinAnswer {
+                    strategy: bucket::strategy(share, divided.period),
+                    claim: Some((tick, share)),
+                })
+            }
+            Ok(Joined::Waiting) => {
+                self.metrics.join("waiting");
+                None
             }
             Err(e) => {
                 self.metrics.ledger_failures.inc();
                 self.metrics.join("fallback");
                 tracing::warn!(rule = %divided.rule, "RLQS ledger unavailable at a join: {e}");
-                let strategy = self.fallback_strategy(divided, member).await;
                 Some(JoinAnswer {
-                    strategy,
-                    share: None,
-                    claimed: None,
-                    prev: None,
+                    strategy: self.fallback_strategy(divided, member).await,
+                    claim: None,
                 })
             }
         }
@@ -457,7 +439,7 @@ impl Engine {
             FailMode::Local => {
                 let terms = self.local_terms(&divided.terms);
                 match ledger::join(&self.fallback, &divided.rule, &terms, member).await {
-                    Ok((_, joined)) => joined
+                    Ok(joined) => joined
                         .share()
                         .map_or(Strategy::DenyAll, |s| bucket::strategy(s, divided.period)),
                     Err(_) => Strategy::DenyAll,
@@ -597,33 +579,11 @@ impl Engine {
                 continue;
             };
             let ttl = self.service.active().policy.rlqs(&domain).assignment_ttl;
-            let divided = tick.current.get(&bucket.member);
-            // A claim holds for its tick and the next.
-            let claim = bucket
-                .claimed
-                .filter(|&at| at + 1 >= tick.number)
-                .and(bucket.share);
-            let share = match divided {
-                // Nobody held a share before this tick: the division's, at once.
-                Some(d) if !tick.had_previous => Some(d),
-                Some(d) => match bucket.prev {
-                    // Applied already (a second pass in one tick): unchanged.
-                    Some((at, _)) if at == tick.number => bucket.share,
-                    // Up one tick late, down at once.
-                    Some((at, p)) if at + 1 == tick.number => Some(smaller(p, d)),
-                    _ => claim.map(|c| smaller(c, d)),
-                },
-                None => claim,
-            };
-            if let Some(d) = divided {
-                bucket.prev = Some((tick.number, d));
-            }
-            match share {
+            match bucket
+                .holding
+                .apply(tick.number, tick.current.get(&bucket.member))
+            {
                 Some(share) => {
-                    if divided.is_some() {
-                        bucket.claimed = None;
-                    }
-                    bucket.share = Some(share);
                     let strategy = bucket::strategy(share, period);
                     batch
                         .entry(*stream_id)
@@ -632,11 +592,7 @@ impl Engine {
                     self.metrics.assignment(bucket::action_name(&strategy));
                     bucket.sent = Some(strategy);
                 }
-                None => {
-                    bucket.share = None;
-                    bucket.claimed = None;
-                    claims.push(bucket.member.clone());
-                }
+                None => claims.push(bucket.member.clone()),
             }
         }
         claims
@@ -659,7 +615,7 @@ impl Engine {
                     return;
                 }
             };
-        let Joined::Claimed(share) = joined else {
+        let Joined::Claimed { share, tick } = joined else {
             return;
         };
         let mut state = self.state.lock();
@@ -668,8 +624,7 @@ impl Engine {
             return;
         };
         let strategy = bucket::strategy(share, divided.period);
-        bucket.share = Some(share);
-        bucket.claimed = Some(tick.number);
+        bucket.holding.claimed(tick, share);
         bucket.sent = Some(strategy);
         batch
             .entry(stream_id)
@@ -721,9 +676,7 @@ impl Engine {
                 },
             };
             // The shared share is unknown now: start over once the ledger is back.
-            bucket.share = None;
-            bucket.claimed = None;
-            bucket.prev = None;
+            bucket.holding.reset();
             bucket.sent = Some(strategy);
             batch
                 .entry(*stream_id)
@@ -821,9 +774,7 @@ impl Engine {
                     if let Target::Divided(old) = &bucket.target {
                         leave(&mut state.rules, &old.rule, *stream_id, key);
                     }
-                    bucket.share = None;
-                    bucket.claimed = None;
-                    bucket.prev = None;
+                    bucket.holding.reset();
                     if let Target::Divided(new) = &target {
                         state
                             .rules
@@ -848,11 +799,9 @@ impl Engine {
                 .streams
                 .get_mut(&stream_id)
                 .and_then(|s| s.buckets.get_mut(&key))
-                && let Some(answer) = joined
+                && let Some((tick, share)) = joined.and_then(|a| a.claim)
             {
-                bucket.share = answer.share;
-                bucket.claimed = answer.claimed;
-                bucket.prev = answer.prev;
+                bucket.holding.claimed(tick, share);
             }
         }
     }
@@ -868,7 +817,7 @@ impl Engine {
                 if let Some(b) = state.streams.get(s).and_then(|s| s.buckets.get(k)) {
                     entry.0 = entry
                         .0
-                        .saturating_add(b.share.map_or(0, |share| share.tokens));
+                        .saturating_add(b.holding.current().map_or(0, |share| share.tokens));
                     entry.1 += 1;
                 }
             }
@@ -934,6 +883,28 @@ impl Engine {
             return;
         }
         let mut state = self.state.lock();
+        // Their assignments expire now: their shares are free for the next division (the
+        // Envoys come back through another instance as new members).
+        let mut leaving: HashMap<String, Vec<String>> = HashMap::new();
+        for stream in state.streams.values() {
+            for bucket in stream.buckets.values() {
+                if let Target::Divided(d) = &bucket.target {
+                    leaving
+                        .entry(d.rule.clone())
+                        .or_default()
+                        .push(bucket.member.clone());
+                }
+            }
+        }
+        if !leaving.is_empty() {
+            let ledger = self.ledger.clone();
+            tokio::spawn(async move {
+                for (rule, members) in leaving {
+                    let members: Vec<&str> = members.iter().map(String::as_str).collect();
+                    let _ = ledger.remove(&rule, &members).await;
+                }
+            });
+        }
         let streams = state.streams.len();
         for stream in state.streams.values_mut() {
             let actions: Vec<BucketAction> = stream
@@ -997,7 +968,9 @@ impl Engine {
             for (s, k) in &instance.members {
                 if let Some(b) = state.streams.get(s).and_then(|s| s.buckets.get(k)) {
                     entry.members += 1;
-                    entry.tokens = entry.tokens.saturating_add(b.share.map_or(0, |s| s.tokens));
+                    entry.tokens = entry
+                        .tokens
+                        .saturating_add(b.holding.current().map_or(0, |s| s.tokens));
                 }
             }
         }
@@ -1013,17 +986,8 @@ impl Engine {
 struct JoinAnswer {
     /// What it is sent.
     strategy: Strategy,
-    /// Its share of the division or the join budget (`None` under a fail mode).
-    share: Option<Share>,
-    /// The tick of its claim, if the share was claimed.
-    claimed: Option<u64>,
-    /// Its share in the tick's division, if it came from there.
-    prev: Option<(u64, Share)>,
-}
-
-/// The smaller of two shares (by tokens).
-fn smaller(a: Share, b: Share) -> Share {
-    if a.tokens <= b.tokens { a } else { b }
+    /// The tick and share of its claim (`None` under a fail mode).
+    claim: Option<(u64, Share)>,
 }
 
 /// The period a bucket's demand is counted per (a second for blanket targets).

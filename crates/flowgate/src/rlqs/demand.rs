@@ -1,7 +1,9 @@
 //! One Envoy's demand for one rule instance, estimated from its usage reports and kept
 //! **sticky**: the estimate moves only when a report falls outside the noise band around it,
 //! so a steady Envoy keeps the same demand — and so the same share, and the same token
-//! bucket (Envoy refills a bucket whose assignment changed).
+//! bucket (Envoy refills a bucket whose assignment changed). A report with denials above the
+//! estimate moves it up at once: the share is binding, and the band must not hide a demand
+//! that grew.
 
 use crate::clock::Nanos;
 
@@ -25,6 +27,9 @@ const POISSON_SIGMAS: f64 = 3.0;
 /// assert_eq!(d.per_period(), Some(100));
 /// assert!(d.report(300, 3 * S, S));
 /// assert_eq!(d.per_period(), Some(300));
+/// // Denied requests above the estimate: up at once.
+/// assert!(d.report_with_denials(310, 10, 4 * S, S));
+/// assert_eq!(d.per_period(), Some(310));
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DemandEstimate {
@@ -40,6 +45,18 @@ impl DemandEstimate {
     /// Takes a report of `count` requests (allowed + denied) received at `now`, for a rule
     /// whose period is `period` ns. Returns whether the estimate changed.
     pub fn report(&mut self, count: u64, now: Nanos, period: Nanos) -> bool {
+        self.report_with_denials(count, 0, now, period)
+    }
+
+    /// [`report`](Self::report), with `denied` of the `count` requests denied: a count above
+    /// the estimate with denials moves it whatever the band.
+    pub fn report_with_denials(
+        &mut self,
+        count: u64,
+        denied: u64,
+        now: Nanos,
+        period: Nanos,
+    ) -> bool {
         let previous = self.last_report.replace(now);
         if count == 0 {
             self.idle_since.get_or_insert(now);
@@ -60,7 +77,8 @@ impl DemandEstimate {
         // What the estimate expects in this interval, and the band around it.
         let expected = sticky as f64 * elapsed as f64 / period.max(1) as f64;
         let band = RELATIVE_BAND * expected + POISSON_SIGMAS * expected.sqrt() + 1.0;
-        if (count as f64 - expected).abs() > band {
+        let grew_while_denied = denied > 0 && count as f64 > expected;
+        if grew_while_denied || (count as f64 - expected).abs() > band {
             self.sticky = Some(rate);
             true
         } else {

@@ -25,13 +25,13 @@
 //! use flowgate::rlqs::{Division, Fairness, Member};
 //! let members = vec![
 //!     Member::new("a", Some(900)),
-//!     Member::new("b", Some(50)),
+//!     Member::new("b", Some(200)),
 //!     Member::new("c", None),
 //! ];
 //! let division = Division::compute(1000, &Fairness::default(), members);
 //! let share = |id| division.get(id).unwrap().tokens;
-//! // b asks for 50 (× 1.25 headroom); a and c split the rest equally.
-//! assert_eq!(share("b"), 63);
+//! // b asks for 200 (× 1.1 headroom); a and c split the rest equally.
+//! assert_eq!(share("b"), 220);
 //! assert!(share("a").abs_diff(share("c")) <= 1);
 //! assert_eq!(share("a") + share("b") + share("c"), division.pool());
 //! assert!(division.bound() <= 1050);
@@ -44,8 +44,8 @@ use std::fmt::Write as _;
 pub struct Fairness {
     /// The part of an equal split every member gets whatever its demand (0–1).
     pub floor: f64,
-    /// A member below the fair level gets its demand times this (≥ 1), so that it can grow
-    /// a little before its next report.
+    /// A member below the fair level gets its demand times this (≥ 1, to a thousandth), so
+    /// that it can grow a little before its next report.
     pub headroom: f64,
     /// Each member's token bucket holds this fraction of its share (0–1), and at least one
     /// token.
@@ -59,11 +59,11 @@ pub struct Fairness {
 }
 
 impl Default for Fairness {
-    /// `floor` 0.2, `headroom` 1.25, `burst` 0.02, `overshoot` 0.05, `join_budget` 0.02.
+    /// `floor` 0.2, `headroom` 1.1, `burst` 0.02, `overshoot` 0.05, `join_budget` 0.02.
     fn default() -> Self {
         Fairness {
             floor: 0.2,
-            headroom: 1.25,
+            headroom: 1.1,
             burst: 0.02,
             overshoot: 0.05,
             join_budget: 0.02,
@@ -378,13 +378,12 @@ fn allocate(pool: u64, fairness: &Fairness, members: &[Member], chosen: &[usize]
         .map(|&i| match members[i].demand {
             None => u64::MAX,
             Some(d) => {
-                let want = (d as f64 * fairness.headroom).ceil();
-                let want = if want >= u64::MAX as f64 {
-                    u64::MAX
-                } else {
-                    want as u64
-                };
-                want.saturating_sub(floor)
+                // Exact: the headroom in thousandths (so 200 × 1.1 is 220, not 221).
+                let milli = (fairness.headroom * 1000.0).round() as u128;
+                let want = (u128::from(d) * milli).div_ceil(1000);
+                u64::try_from(want)
+                    .unwrap_or(u64::MAX)
+                    .saturating_sub(floor)
             }
         })
         .collect();
@@ -447,8 +446,8 @@ mod tests {
         assert_eq!(d.floor(), 9);
         assert!(d.bound() <= 1050, "{}", d.bound());
         assert!(shares(&d).iter().all(|&t| t >= d.floor()));
-        // The light ones get demand × 1.25 (e09: 20 → 25; e19: 5 → the floor, 9)...
-        assert_eq!(d.get("e09").unwrap().tokens, 25);
+        // The light ones get demand × 1.1 (e09: 20 → 22; e19: 5 → the floor, 9)...
+        assert_eq!(d.get("e09").unwrap().tokens, 22);
         assert_eq!(d.get("e19").unwrap().tokens, 9);
         // ...the heavy ones split the rest equally.
         let heavy = d.get("e00").unwrap().tokens;

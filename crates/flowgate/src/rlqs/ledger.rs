@@ -10,19 +10,22 @@
 //! one. So all shares handed out for tick `k` come from one division, whose shares add up to
 //! at most the pool.
 //!
-//! **Applying a division.** An instance assigns each of its members
-//! `min(what it last assigned it, its share in division k)` ([`next_share`]): a share that
-//! goes down does so at once, one that goes up waits a tick. Instances tick at slightly
-//! different moments, but while each is at most one tick behind, every member holds at most
-//! its share of the older of two consecutive divisions — so the tokens handed out never exceed
-//! one division's pool.
+//! **Applying a division.** An instance assigns each of its members the smaller of its
+//! share in this tick's division and what it held before — its share in the previous tick's
+//! division, or its claim ([`Holding::apply`]): a share that goes down does so at once, one
+//! that goes up waits a tick. Instances tick at slightly different moments, but while each is
+//! at most one tick behind, every member holds at most its share of the older of two
+//! consecutive divisions, or its claim — so the tokens held never exceed one division's pool
+//! plus the claims.
 //!
-//! **Joining.** A member that reports for the first time ([`join`]) takes its share from
-//! the division at once if there was no division the tick before (nobody else holds
-//! anything); otherwise it claims a first share (the floor) from the tick's join budget, all
-//! or nothing, in the store. A claim counts against the next tick's budget too (the member
-//! holds it until its instance ticks again), so the claims held at any moment stay within
-//! one budget. Once a division lists the member, it gets its share from there.
+//! **Joining.** A member that reports for the first time ([`join`]) is recorded (its demand
+//! unknown) and claims a first share, in the store: from the tick's join budget, the
+//! division's floor but at most half of what is left — or, when nobody holds anything (no
+//! division with shares this tick or the last, no claims last tick), from all a division could
+//! hand out, a quarter of what is left each, so that a fleet starting at once gets a share
+//! each. A claim counts against the next tick's budget too (the member holds it until its
+//! instance ticks again), so the claims held at any moment stay within one budget. Once a
+//! division lists the member, its share comes from there.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -63,16 +66,52 @@ pub struct Synced {
     pub current: Option<String>,
     /// The previous tick's division, if one was stored.
     pub previous: Option<String>,
-    /// When `current` is `None`: every live member with its demand, to compute it from.
+    /// Join budget spent in the previous tick (claims that may still be held).
+    pub claimed_before: u64,
+    /// When `current` is `None` and members were asked for: every live member with its
+    /// demand, to compute the division from.
     pub members: Vec<Member>,
+}
+
+/// What a joining member asks of a tick's join budget ([`Ledger::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim {
+    /// The most tokens it wants.
+    pub ask: u64,
+    /// The part of what is left of the budget it may take (0–1).
+    pub fraction: f64,
+    /// [`Fairness::burst`]: a share of `t` tokens costs `t + max(1, ⌈t × burst⌉)`.
+    pub burst: f64,
+    /// The tick's budget (tokens and buckets).
+    pub budget: u64,
+}
+
+impl Claim {
+    /// The tokens granted and their cost when `spent` of the budget is gone:
+    /// `min(ask, ⌊left × fraction / (1 + burst)⌋)` and at least one, if the cost fits in what
+    /// is left; else `None`. The Redis script computes exactly this (the same floating-point
+    /// operations).
+    pub fn grant(&self, spent: u64) -> Option<(u64, u64)> {
+        let left = self.budget.saturating_sub(spent);
+        let most = (left as f64 * self.fraction / (1.0 + self.burst)).floor();
+        let tokens = if most >= self.ask as f64 {
+            self.ask
+        } else {
+            most as u64
+        }
+        .max(1);
+        let bucket = ((tokens as f64 * self.burst).ceil() as u64).max(1);
+        let cost = tokens.checked_add(bucket)?;
+        (cost <= left).then_some((tokens, cost))
+    }
 }
 
 /// What a member's claim on the join budget got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claimed {
-    /// Granted: the cost was taken from the tick's budget.
-    Granted,
-    /// The tick's budget cannot cover it.
+    /// Granted this many tokens; their cost was taken from the tick's budget.
+    Granted(u64),
+    /// The tick's budget cannot cover even one token.
     Exhausted,
     /// The store's time is in another tick than the claim was for.
     TickPassed,
@@ -82,13 +121,15 @@ pub enum Claimed {
 /// (named by `rule`, an opaque string). Implemented by [`MemoryLedger`] and the Redis ledger.
 pub trait Ledger: Send + Sync {
     /// Records `demands` (refreshing those members), drops members not refreshed for
-    /// `timing.stale_after`, and returns the current and previous ticks' divisions — or, when
-    /// the current tick has none yet, the live members to compute it from.
+    /// `timing.stale_after`, and returns the current and previous ticks' divisions and the
+    /// previous tick's claims — and, when the current tick has no division yet and `members`
+    /// is set, the live members to compute it from.
     fn sync<'a>(
         &'a self,
         rule: &'a str,
         timing: &'a Timing,
         demands: &'a [Demand<'a>],
+        members: bool,
     ) -> BoxFuture<'a, Result<Synced, StoreError>>;
 
     /// Stores `division` for `tick` unless one is stored already; returns the stored one.
@@ -100,16 +141,15 @@ pub trait Ledger: Send + Sync {
         division: &'a str,
     ) -> BoxFuture<'a, Result<String, StoreError>>;
 
-    /// Takes `cost` from `tick`'s join budget of `budget`, all or nothing — if the store's
-    /// time is still in `tick` — and from the next tick's too: until its instance ticks, the
-    /// member still holds the claimed share in the next tick.
+    /// Grants `claim` from `tick`'s join budget ([`Claim::grant`] on what is spent), if the
+    /// store's time is still in `tick`, and takes its cost from this tick's and the next
+    /// tick's budget: until its instance ticks, the member still holds it in the next tick.
     fn claim<'a>(
         &'a self,
         rule: &'a str,
         timing: &'a Timing,
         tick: u64,
-        cost: u64,
-        budget: u64,
+        claim: &'a Claim,
     ) -> BoxFuture<'a, Result<Claimed, StoreError>>;
 
     /// Forgets `members` (abandoned, or never to report again).
@@ -120,7 +160,7 @@ pub trait Ledger: Send + Sync {
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
-/// One rule instance's divisions as of one tick: what [`tick`] answers.
+/// One rule instance's division as of one tick: what [`tick`] answers.
 #[derive(Debug, Clone)]
 pub struct Tick {
     /// The store's time.
@@ -129,8 +169,6 @@ pub struct Tick {
     pub number: u64,
     /// This tick's division.
     pub current: Arc<Division>,
-    /// Whether the previous tick had a division (if not, nobody holds a share from it).
-    pub had_previous: bool,
 }
 
 /// What a rule instance is divided by.
@@ -148,6 +186,16 @@ fn malformed() -> StoreError {
     StoreError::Backend("the ledger holds a malformed division".into())
 }
 
+/// What `limit × fraction` rounds down to (as the division computes its parts).
+fn part(limit: u64, fraction: f64) -> u64 {
+    let v = (limit as f64 * fraction).floor();
+    if v >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        v.max(0.0) as u64
+    }
+}
+
 /// Refreshes `demands` and returns this tick's division of `rule`, computing and storing it
 /// if no instance has yet. See the [module docs](self).
 pub async fn tick(
@@ -156,7 +204,7 @@ pub async fn tick(
     terms: &Terms,
     demands: &[Demand<'_>],
 ) -> Result<Tick, StoreError> {
-    let synced = ledger.sync(rule, &terms.timing, demands).await?;
+    let synced = ledger.sync(rule, &terms.timing, demands, true).await?;
     let current = match synced.current {
         Some(text) => Division::decode(&text).ok_or_else(malformed)?,
         None => {
@@ -171,18 +219,20 @@ pub async fn tick(
         now: synced.now,
         number: synced.tick,
         current: Arc::new(current),
-        had_previous: synced.previous.is_some(),
     })
 }
 
-/// How a member's first report was answered by [`join`].
+/// How a member's claim was answered by [`join`] or [`claim_first_share`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Joined {
-    /// Its share in this tick's division: nobody held a share before this tick.
-    Divided(Share),
-    /// A first share, claimed from the tick's join budget.
-    Claimed(Share),
-    /// The join budget is spent; it gets its share from a later division.
+    /// A first share, claimed from the join budget of tick `tick`.
+    Claimed {
+        /// The share.
+        share: Share,
+        /// The tick it was claimed in.
+        tick: u64,
+    },
+    /// The budget is spent; it gets its share from a later division.
     Waiting,
 }
 
@@ -190,100 +240,175 @@ impl Joined {
     /// The share it may use now, if any.
     pub fn share(&self) -> Option<Share> {
         match *self {
-            Joined::Divided(s) | Joined::Claimed(s) => Some(s),
+            Joined::Claimed { share, .. } => Some(share),
             Joined::Waiting => None,
         }
     }
 }
 
-/// A member reporting for the first time: records it (demand unknown) and gets it a first
-/// share if it can have one now. See the [module docs](self).
+/// A member reporting for the first time: records it (demand unknown) and claims it a first
+/// share. See the [module docs](self).
 pub async fn join(
     ledger: &(dyn Ledger + '_),
     rule: &str,
     terms: &Terms,
     member: &str,
-) -> Result<(Tick, Joined), StoreError> {
-    let now = tick(ledger, rule, terms, &[(member, None)]).await?;
-    if !now.had_previous
-        && let Some(share) = now.current.get(member)
-        && share.tokens > 0
-    {
-        return Ok((now, Joined::Divided(share)));
-    }
-    let joined = claim_first_share(ledger, rule, terms, &now).await?;
-    Ok((now, joined))
+) -> Result<Joined, StoreError> {
+    let synced = ledger
+        .sync(rule, &terms.timing, &[(member, None)], false)
+        .await?;
+    let decode = |text: &Option<String>| -> Result<Option<Division>, StoreError> {
+        text.as_deref()
+            .map(|t| Division::decode(t).ok_or_else(malformed))
+            .transpose()
+    };
+    let (current, previous) = (decode(&synced.current)?, decode(&synced.previous)?);
+    let fairness = &terms.fairness;
+    let join_budget = part(terms.limit, fairness.join_budget);
+    let handed_out = |d: &Option<Division>| d.as_ref().is_some_and(|d| d.pool() > 0);
+    let nobody_holds =
+        !handed_out(&previous) && !handed_out(&current) && synced.claimed_before == 0;
+    let claim = if nobody_holds {
+        // A quarter of what is left of all a division could hand out.
+        let cap = terms
+            .limit
+            .saturating_add(part(terms.limit, fairness.overshoot));
+        Claim {
+            ask: u64::MAX,
+            fraction: 0.25,
+            burst: fairness.burst,
+            budget: cap.saturating_sub(join_budget),
+        }
+    } else {
+        let floor = current
+            .as_ref()
+            .or(previous.as_ref())
+            .map_or(0, Division::floor);
+        Claim {
+            ask: if floor > 0 {
+                floor
+            } else {
+                part(terms.limit, fairness.floor).max(1)
+            },
+            fraction: 0.5,
+            burst: fairness.burst,
+            budget: join_budget,
+        }
+    };
+    claim_share(ledger, rule, terms, synced.tick, &claim).await
 }
 
-/// Claims a first share in `now`'s tick: the division's first share, but no more than half
-/// the join budget (so that at least two members can join in a tick); else a single token.
-/// When nobody holds a share (no division handed any out this tick or the last), the budget
-/// is the whole of what a division could hand out.
+/// Claims a first share in `now`'s tick for a member the division does not give one yet:
+/// the floor, but at most half of what is left of the join budget.
 pub async fn claim_first_share(
     ledger: &(dyn Ledger + '_),
     rule: &str,
     terms: &Terms,
     now: &Tick,
 ) -> Result<Joined, StoreError> {
-    // Nobody holds a share when neither this tick's division nor the last one handed any
-    // out: then the claims may take what the division would have.
-    let budget = if !now.had_previous && now.current.pool() == 0 {
-        let limit = now.current.limit();
-        let cap = limit.saturating_add((limit as f64 * terms.fairness.overshoot).floor() as u64);
-        cap.saturating_sub(now.current.join_budget())
-    } else {
-        now.current.join_budget()
+    let claim = Claim {
+        ask: now.current.first_share(&terms.fairness),
+        fraction: 0.5,
+        burst: terms.fairness.burst,
+        budget: now.current.join_budget(),
     };
-    let half = budget / 2;
-    // The largest share whose tokens and bucket fit in half the budget.
-    let mut most = half.saturating_sub(terms.fairness.bucket(half));
-    while most > 1 && most + terms.fairness.bucket(most) > half {
-        most -= 1;
-    }
-    let first = now.current.first_share(&terms.fairness).min(most.max(1));
-    for tokens in [first, 1] {
-        let share = Share {
-            tokens,
-            bucket: terms.fairness.bucket(tokens),
-        };
-        let cost = share.tokens.saturating_add(share.bucket);
-        if cost > budget {
-            continue;
-        }
-        match ledger
-            .claim(rule, &terms.timing, now.number, cost, budget)
-            .await?
-        {
-            Claimed::Granted => return Ok(Joined::Claimed(share)),
-            Claimed::Exhausted => {}
-            Claimed::TickPassed => return Ok(Joined::Waiting),
-        }
-        if tokens == 1 {
-            break;
-        }
-    }
-    Ok(Joined::Waiting)
+    claim_share(ledger, rule, terms, now.number, &claim).await
 }
 
-/// The share to assign a member now: `min(last assigned, share in this tick's division)`
-/// (a decrease at once, an increase one tick later); `None` if it is not in the division.
-///
-/// ```
-/// use flowgate::rlqs::{ledger::next_share, Share};
-/// let s = |tokens, bucket| Share { tokens, bucket };
-/// assert_eq!(next_share(Some(s(50, 1)), Some(s(80, 2))), Some(s(50, 1)));
-/// assert_eq!(next_share(Some(s(50, 1)), Some(s(30, 1))), Some(s(30, 1)));
-/// assert_eq!(next_share(None, Some(s(30, 1))), Some(s(0, 0)));
-/// assert_eq!(next_share(Some(s(5, 1)), None), None);
-/// ```
-pub fn next_share(last: Option<Share>, divided: Option<Share>) -> Option<Share> {
-    let divided = divided?;
-    let last = last.unwrap_or_default();
-    Some(if last.tokens <= divided.tokens {
-        last
-    } else {
-        divided
-    })
+async fn claim_share(
+    ledger: &(dyn Ledger + '_),
+    rule: &str,
+    terms: &Terms,
+    tick: u64,
+    claim: &Claim,
+) -> Result<Joined, StoreError> {
+    Ok(
+        match ledger.claim(rule, &terms.timing, tick, claim).await? {
+            Claimed::Granted(tokens) => Joined::Claimed {
+                share: Share {
+                    tokens,
+                    bucket: terms.fairness.bucket(tokens),
+                },
+                tick,
+            },
+            Claimed::Exhausted | Claimed::TickPassed => Joined::Waiting,
+        },
+    )
+}
+
+/// What one member holds, as its instance tracks it between ticks: its share in the last
+/// division it was in, its claim, what it was last assigned. [`Holding::apply`] is the rule
+/// of the [module docs](self).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// Its share in the last division that listed it, and that division's tick.
+    divided: Option<(u64, Share)>,
+    /// Its claim and the tick of the claim.
+    claim: Option<(u64, Share)>,
+    /// What it holds now.
+    current: Option<Share>,
+}
+
+impl Holding {
+    /// What it holds now (`None`: nothing from the ledger).
+    pub fn current(&self) -> Option<Share> {
+        self.current
+    }
+
+    /// It was granted `share` by a claim in `tick`.
+    pub fn claimed(&mut self, tick: u64, share: Share) {
+        self.claim = Some((tick, share));
+        self.current = Some(share);
+    }
+
+    /// Applies tick `tick`, whose division gives it `divided` (`None`: not a member), and
+    /// answers what it holds now: the smaller of that and what it held before (its share in
+    /// the previous tick's division, or its claim, which holds for its tick and the next);
+    /// a claim when the division does not list it. `None`: nothing — it should claim.
+    /// Applying the same tick again changes nothing.
+    ///
+    /// ```
+    /// use flowgate::rlqs::{ledger::Holding, Share};
+    /// let s = |tokens| Share { tokens, bucket: 1 };
+    /// let mut h = Holding::default();
+    /// h.claimed(10, s(9));
+    /// assert_eq!(h.apply(11, Some(s(50))), Some(s(9))); // up: a tick later
+    /// assert_eq!(h.apply(12, Some(s(60))), Some(s(50)));
+    /// assert_eq!(h.apply(13, Some(s(30))), Some(s(30))); // down: at once
+    /// assert_eq!(h.apply(13, Some(s(30))), Some(s(30)));
+    /// assert_eq!(h.apply(15, None), None); // missed a tick and not listed: claim again
+    /// ```
+    pub fn apply(&mut self, tick: u64, divided: Option<Share>) -> Option<Share> {
+        let before = match self.divided {
+            Some((at, _)) if at == tick => return self.current,
+            Some((at, share)) if at + 1 == tick => Some(share),
+            _ => None,
+        };
+        let claim = self
+            .claim
+            .filter(|&(at, _)| at + 1 >= tick)
+            .map(|(_, share)| share);
+        let next = match divided {
+            Some(d) => before.or(claim).map(|held| smaller(held, d)),
+            None => claim,
+        };
+        if let Some(d) = divided {
+            self.divided = Some((tick, d));
+            self.claim = None;
+        }
+        self.current = next;
+        next
+    }
+
+    /// Forgets everything (the ledger was away: start over).
+    pub fn reset(&mut self) {
+        *self = Holding::default();
+    }
+}
+
+/// The smaller of two shares (by tokens).
+fn smaller(a: Share, b: Share) -> Share {
+    if a.tokens <= b.tokens { a } else { b }
 }
 
 /// One rule instance's record in a [`MemoryLedger`].
@@ -313,9 +438,9 @@ struct Book {
 ///     fairness: Fairness::default(),
 ///     timing: ledger::Timing { tick: Duration::from_secs(1), stale_after: Duration::from_secs(5) },
 /// };
-/// let (_, first) = ledger::join(&ledger, "rule", &terms, "envoy-1").await?;
-/// // Alone: the whole limit.
-/// assert_eq!(first.share().unwrap().tokens, 100);
+/// let first = ledger::join(&ledger, "rule", &terms, "envoy-1").await?;
+/// // Nobody held anything: a quarter of all a division could hand out (105 - 2).
+/// assert_eq!(first.share().unwrap().tokens, 25);
 /// # Ok(()) }
 /// ```
 pub struct MemoryLedger<C: Clock = MonotonicClock> {
@@ -388,6 +513,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         rule: &'a str,
         timing: &'a Timing,
         demands: &'a [Demand<'a>],
+        members: bool,
     ) -> BoxFuture<'a, Result<Synced, StoreError>> {
         let synced = self.with_book(rule, timing, |book, now| {
             let k = timing.tick_of(now);
@@ -398,9 +524,9 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
             book.members
                 .retain(|_, (_, seen)| now.saturating_sub(*seen) <= stale);
             book.divisions.retain(|&t, _| t + 1 >= k);
-            book.claims.retain(|&t, _| t >= k);
+            book.claims.retain(|&t, _| t + 1 >= k);
             let current = book.divisions.get(&k).cloned();
-            let members = if current.is_none() {
+            let members = if current.is_none() && members {
                 book.members
                     .iter()
                     .map(|(id, (demand, _))| Member::new(id.clone(), *demand))
@@ -408,12 +534,14 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
             } else {
                 Vec::new()
             };
+            let before = k.checked_sub(1);
             Synced {
                 now,
                 tick: k,
-                previous: k
-                    .checked_sub(1)
-                    .and_then(|p| book.divisions.get(&p).cloned()),
+                previous: before.and_then(|p| book.divisions.get(&p).cloned()),
+                claimed_before: before
+                    .and_then(|p| book.claims.get(&p).copied())
+                    .unwrap_or(0),
                 current,
                 members,
             }
@@ -442,20 +570,20 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         rule: &'a str,
         timing: &'a Timing,
         tick: u64,
-        cost: u64,
-        budget: u64,
+        claim: &'a Claim,
     ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         let claimed = self.with_book(rule, timing, |book, now| {
             if timing.tick_of(now) != tick {
                 return Claimed::TickPassed;
             }
-            let spent = book.claims.entry(tick).or_default();
-            if spent.saturating_add(cost) <= budget {
-                *spent += cost;
-                *book.claims.entry(tick + 1).or_default() += cost;
-                Claimed::Granted
-            } else {
-                Claimed::Exhausted
+            let spent = book.claims.get(&tick).copied().unwrap_or(0);
+            match claim.grant(spent) {
+                Some((tokens, cost)) => {
+                    *book.claims.entry(tick).or_default() += cost;
+                    *book.claims.entry(tick + 1).or_default() += cost;
+                    Claimed::Granted(tokens)
+                }
+                None => Claimed::Exhausted,
             }
         });
         Box::pin(std::future::ready(Ok(claimed)))
@@ -504,46 +632,33 @@ mod tests {
         }
     }
 
+    fn tokens(joined: Joined) -> u64 {
+        joined.share().map_or(0, |s| s.tokens)
+    }
+
     #[test]
-    fn the_first_member_takes_the_pool_later_ones_claim_then_share() {
+    fn a_fleet_starting_at_once_claims_quarters_later_ones_the_floor() {
         let clock = ManualClock::new(100 * S);
         let ledger = MemoryLedger::with_clock(clock.clone());
         let t = terms();
-        let (_, a) = run(join(&ledger, "r", &t, "a")).unwrap();
-        // Alone: the whole limit (1000 tokens and a bucket of 20 fit in 1050 - 20).
-        assert_eq!(
-            a,
-            Joined::Divided(Share {
-                tokens: 1000,
-                bucket: 20
-            })
-        );
-        // Same tick: b claims a first share from the join budget (20): the floor (200), cut
-        // to what fits in half the budget (9 tokens and a bucket of 1).
-        let (_, b) = run(join(&ledger, "r", &t, "b")).unwrap();
-        assert_eq!(
-            b,
-            Joined::Claimed(Share {
-                tokens: 9,
-                bucket: 1
-            })
-        );
-        let (_, c) = run(join(&ledger, "r", &t, "c")).unwrap();
-        assert_eq!(
-            c,
-            Joined::Claimed(Share {
-                tokens: 9,
-                bucket: 1
-            })
-        );
-        // The budget is spent: d waits for the next division.
-        let (_, d) = run(join(&ledger, "r", &t, "d")).unwrap();
-        assert_eq!(d, Joined::Waiting);
+        // Nobody holds anything: each takes a quarter of what is left of 1030 (1050 - 20).
+        let shares: Vec<u64> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|m| tokens(run(join(&ledger, "r", &t, m)).unwrap()))
+            .collect();
+        assert_eq!(shares, vec![252, 189, 141, 106]);
+        // The next tick divides among all four. Its join budget still carries the last
+        // tick's claims: a joiner waits.
         clock.advance(Duration::from_secs(1));
         let next = run(tick(&ledger, "r", &t, &[("a", Some(800)), ("b", None)])).unwrap();
         assert_eq!(next.current.len(), 4);
-        assert!(next.had_previous);
         assert!(next.current.bound() <= 1050);
+        assert_eq!(run(join(&ledger, "r", &t, "e")).unwrap(), Joined::Waiting);
+        // A tick later, joiners claim the floor, at most half of what is left of 20 each.
+        clock.advance(Duration::from_secs(1));
+        run(tick(&ledger, "r", &t, &[("a", Some(800))])).unwrap();
+        assert_eq!(tokens(run(join(&ledger, "r", &t, "f")).unwrap()), 9);
+        assert_eq!(tokens(run(join(&ledger, "r", &t, "g")).unwrap()), 4);
     }
 
     #[test]
@@ -561,42 +676,51 @@ mod tests {
         clock.advance(Duration::from_secs(3));
         let later = run(tick(&ledger, "r", &t, &[("b", Some(500))])).unwrap();
         assert_eq!(later.current.len(), 1);
-        assert!(!later.had_previous);
         run(ledger.remove("r", &["b"])).unwrap();
         clock.advance(Duration::from_secs(1));
         assert!(run(tick(&ledger, "r", &t, &[])).unwrap().current.is_empty());
     }
 
     #[test]
-    fn claims_are_all_or_nothing_within_the_tick() {
+    fn claims_take_their_part_of_what_is_left_within_the_tick() {
         let clock = ManualClock::new(100 * S);
         let ledger = MemoryLedger::with_clock(clock.clone());
         let t = terms().timing;
-        assert_eq!(
-            run(ledger.claim("r", &t, 100, 15, 20)).unwrap(),
-            Claimed::Granted
-        );
-        assert_eq!(
-            run(ledger.claim("r", &t, 100, 6, 20)).unwrap(),
-            Claimed::Exhausted
-        );
-        assert_eq!(
-            run(ledger.claim("r", &t, 100, 5, 20)).unwrap(),
-            Claimed::Granted
-        );
-        assert_eq!(
-            run(ledger.claim("r", &t, 99, 1, 20)).unwrap(),
-            Claimed::TickPassed
-        );
+        let half = |ask| Claim {
+            ask,
+            fraction: 0.5,
+            burst: 0.02,
+            budget: 20,
+        };
+        let claim = |tick, c| run(ledger.claim("r", &t, tick, &c)).unwrap();
+        assert_eq!(claim(100, half(50)), Claimed::Granted(9));
+        assert_eq!(claim(100, half(3)), Claimed::Granted(3));
+        assert_eq!(claim(100, half(50)), Claimed::Granted(2));
+        assert_eq!(claim(100, half(50)), Claimed::Granted(1));
+        assert_eq!(claim(100, half(50)), Claimed::Exhausted);
+        assert_eq!(claim(99, half(1)), Claimed::TickPassed);
         // The next tick starts with this tick's claims spent.
         clock.advance(Duration::from_secs(1));
-        assert_eq!(
-            run(ledger.claim("r", &t, 101, 1, 20)).unwrap(),
-            Claimed::Exhausted
-        );
-        assert_eq!(
-            run(ledger.claim("r", &t, 101, 1, 21)).unwrap(),
-            Claimed::Granted
-        );
+        assert_eq!(claim(101, half(1)), Claimed::Exhausted);
+        let synced = run(ledger.sync("r", &t, &[], false)).unwrap();
+        assert_eq!(synced.claimed_before, 10 + 4 + 3 + 2);
+    }
+
+    #[test]
+    fn holdings_go_down_at_once_and_up_a_tick_later() {
+        let s = |tokens| Share { tokens, bucket: 1 };
+        let mut h = Holding::default();
+        // Listed before it ever held anything: nothing yet (it should claim).
+        assert_eq!(h.apply(1, Some(s(40))), None);
+        assert_eq!(h.apply(2, Some(s(50))), Some(s(40)));
+        assert_eq!(h.apply(3, Some(s(20))), Some(s(20)));
+        // A claim holds for its tick and the next, while no division lists it.
+        let mut c = Holding::default();
+        c.claimed(5, s(9));
+        assert_eq!(c.apply(5, None), Some(s(9)));
+        assert_eq!(c.apply(6, None), Some(s(9)));
+        assert_eq!(c.apply(7, None), None);
+        c.reset();
+        assert_eq!(c.current(), None);
     }
 }

@@ -19,7 +19,7 @@ use super::conn::Connection;
 use super::script::{Script, malformed};
 use crate::clock::{Clock, Nanos};
 use crate::rlqs::Member;
-use crate::rlqs::ledger::{Claimed, Demand, Ledger, Synced, Timing};
+use crate::rlqs::ledger::{Claim, Claimed, Demand, Ledger, Synced, Timing};
 use crate::store::{BoxFuture, StoreError};
 
 /// The three scripts, built once per process.
@@ -150,14 +150,20 @@ impl Ledger for RedisLedger {
         rule: &'a str,
         timing: &'a Timing,
         demands: &'a [Demand<'a>],
+        members: bool,
     ) -> BoxFuture<'a, Result<Synced, StoreError>> {
         Box::pin(async move {
-            let keys = [self.key(rule, "m"), self.key(rule, "d")];
-            let mut args = Vec::with_capacity(4 + 2 * demands.len());
+            let keys = [
+                self.key(rule, "m"),
+                self.key(rule, "d"),
+                self.key(rule, "c"),
+            ];
+            let mut args = Vec::with_capacity(5 + 2 * demands.len());
             args.push(self.now_arg());
             args.push(micros(timing.tick).to_string());
             args.push(micros(timing.stale_after).to_string());
             args.push(keep_ms(timing.tick, timing.stale_after));
+            args.push(if members { "1" } else { "0" }.to_owned());
             for &(member, demand) in demands {
                 args.push(member.to_owned());
                 args.push(demand.map_or_else(|| "-".to_owned(), |d| d.to_string()));
@@ -166,27 +172,28 @@ impl Ledger for RedisLedger {
             let Value::Array(items) = reply else {
                 return Err(malformed());
             };
-            if items.len() < 4 || items.len() % 2 != 0 {
+            if items.len() < 5 || items.len() % 2 != 1 {
                 return Err(malformed());
             }
-            let now_us = u64::try_from(int(&items[0])?).map_err(|_| malformed())?;
-            let tick = u64::try_from(int(&items[1])?).map_err(|_| malformed())?;
-            let mut members = Vec::with_capacity((items.len() - 4) / 2);
-            for pair in items[4..].chunks_exact(2) {
+            let number = |v: &Value| u64::try_from(int(v)?).map_err(|_| malformed());
+            let now_us = number(&items[0])?;
+            let mut listed = Vec::with_capacity((items.len() - 5) / 2);
+            for pair in items[5..].chunks_exact(2) {
                 let id = text(&pair[0])?.ok_or_else(malformed)?;
                 let demand = text(&pair[1])?.ok_or_else(malformed)?;
                 let demand = match demand.as_str() {
                     "-" => None,
                     d => Some(d.parse::<u64>().map_err(|_| malformed())?),
                 };
-                members.push(Member::new(id, demand));
+                listed.push(Member::new(id, demand));
             }
             Ok(Synced {
                 now: now_us.saturating_mul(1000) as Nanos,
-                tick,
+                tick: number(&items[1])?,
                 current: text(&items[2])?,
                 previous: text(&items[3])?,
-                members,
+                claimed_before: number(&items[4])?,
+                members: listed,
             })
         })
     }
@@ -215,8 +222,7 @@ impl Ledger for RedisLedger {
         rule: &'a str,
         timing: &'a Timing,
         tick: u64,
-        cost: u64,
-        budget: u64,
+        claim: &'a Claim,
     ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         Box::pin(async move {
             let keys = [self.key(rule, "c")];
@@ -224,14 +230,16 @@ impl Ledger for RedisLedger {
                 self.now_arg(),
                 micros(timing.tick).to_string(),
                 tick.to_string(),
-                cost.to_string(),
-                budget.to_string(),
+                claim.ask.to_string(),
+                claim.fraction.to_string(),
+                claim.burst.to_string(),
+                claim.budget.to_string(),
                 keep_ms(timing.tick, Duration::ZERO),
             ];
             match int(&self.run(&scripts()[2], &keys, &args).await?)? {
-                1 => Ok(Claimed::Granted),
-                0 => Ok(Claimed::Exhausted),
                 -1 => Ok(Claimed::TickPassed),
+                0 => Ok(Claimed::Exhausted),
+                tokens if tokens > 0 => Ok(Claimed::Granted(tokens as u64)),
                 _ => Err(malformed()),
             }
         })

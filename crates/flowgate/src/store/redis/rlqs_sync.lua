@@ -1,13 +1,16 @@
--- Flowgate RLQS ledger: record members' demand and find (or collect what computes) the
--- current tick's division of one rule instance. See src/rlqs/ledger.rs.
+-- Flowgate RLQS ledger: record members' demand and read the current and previous ticks'
+-- divisions of one rule instance (and what computes the current one, if none is stored).
+-- See src/rlqs/ledger.rs.
 --
 -- KEYS[1]: members hash (member -> "demand:seen_us", demand '-' when unknown)
 -- KEYS[2]: divisions hash (tick -> division text)
+-- KEYS[3]: claims hash (tick -> join budget spent)
 -- ARGV[1]: now in microseconds, or '' for the server's TIME
 -- ARGV[2]: tick length (us)   ARGV[3]: stale after (us)   ARGV[4]: members' expiry (ms)
--- ARGV[5..]: member, demand pairs to record
--- Reply: { now_us, tick, current or nil, previous or nil, then (only when current is nil)
---          member, demand pairs of every live member }
+-- ARGV[5]: '1' to answer the live members when the current tick has no division
+-- ARGV[6..]: member, demand pairs to record
+-- Reply: { now_us, tick, current or nil, previous or nil, previous tick's claims,
+--          then member, demand pairs of every live member (see ARGV[5]) }
 
 local now
 if ARGV[1] == '' then
@@ -22,8 +25,8 @@ if k * tick_us > now then k = k - 1 end
 if (k + 1) * tick_us <= now then k = k + 1 end
 local stale = tonumber(ARGV[3])
 
-if #ARGV >= 5 then
-  for i = 5, #ARGV, 2 do
+if #ARGV >= 6 then
+  for i = 6, #ARGV, 2 do
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. ':' .. string.format('%d', now))
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
@@ -31,8 +34,9 @@ end
 
 local current = redis.call('HGET', KEYS[2], string.format('%d', k))
 local previous = redis.call('HGET', KEYS[2], string.format('%d', k - 1))
-local reply = { now, k, current, previous }
-if not current then
+local claimed = tonumber(redis.call('HGET', KEYS[3], string.format('%d', k - 1)) or '0')
+local reply = { now, k, current, previous, claimed }
+if not current and ARGV[5] == '1' then
   local all = redis.call('HGETALL', KEYS[1])
   for i = 1, #all, 2 do
     local value = all[i + 1]
