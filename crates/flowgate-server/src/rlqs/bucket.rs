@@ -16,7 +16,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::google::protobuf::{Duration as DurationPb, UInt32Value};
 use flowgate::FailMode;
 use flowgate::envoy::{Entry, Rate, counter_key};
-use flowgate::rlqs::Share;
 use flowgate::rlqs::client::{Strategy, TokenBucket};
 use flowgate::rlqs::ledger::Terms;
 
@@ -134,26 +133,6 @@ pub fn resolve(active: &Active, domain: &str, key: &BucketKey) -> Target {
             }
         },
     }
-}
-
-/// The token bucket enforcing `share` of a rule whose period is `period`: Envoy fills
-/// `tokens_per_fill` every `fill_interval` of whole seconds, so the interval is the period
-/// rounded up to whole seconds and the tokens scaled down to it — never a faster rate than
-/// the share. Shares beyond `u32::MAX` tokens per interval are capped (Envoy's field size).
-/// A share of no tokens denies everything.
-pub fn strategy(share: Share, period: Duration) -> Strategy {
-    if share.tokens == 0 {
-        return Strategy::DenyAll;
-    }
-    let period_ns = period.as_nanos().max(1);
-    let secs = period_ns.div_ceil(1_000_000_000).max(1);
-    let per_fill = u128::from(share.tokens) * secs * 1_000_000_000 / period_ns;
-    let cap = u128::from(u32::MAX);
-    Strategy::TokenBucket(TokenBucket {
-        max_tokens: share.bucket.min(u64::from(u32::MAX)),
-        tokens_per_fill: u64::try_from(per_fill.clamp(1, cap)).unwrap_or(u64::from(u32::MAX)),
-        fill_interval: Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX)),
-    })
 }
 
 /// The metric label of `strategy`'s action.
@@ -287,7 +266,7 @@ mod tests {
 
     #[test]
     fn shares_become_token_buckets_in_whole_seconds_never_faster() {
-        let s = |tokens, bucket| Share { tokens, bucket };
+        let s = |tokens, bucket| flowgate::rlqs::Share { tokens, bucket };
         let tb = |max, per, secs| {
             Strategy::TokenBucket(TokenBucket {
                 max_tokens: max,
@@ -295,18 +274,33 @@ mod tests {
                 fill_interval: Duration::from_secs(secs),
             })
         };
-        assert_eq!(strategy(s(50, 1), Duration::from_secs(1)), tb(1, 50, 1));
-        assert_eq!(strategy(s(50, 1), Duration::from_secs(60)), tb(1, 50, 60));
+        assert_eq!(
+            Strategy::for_share(s(50, 1), Duration::from_secs(1)),
+            tb(1, 50, 1)
+        );
+        assert_eq!(
+            Strategy::for_share(s(50, 1), Duration::from_secs(60)),
+            tb(1, 50, 60)
+        );
         // 10 per 100 ms: 100 per second.
         assert_eq!(
-            strategy(s(10, 1), Duration::from_millis(100)),
+            Strategy::for_share(s(10, 1), Duration::from_millis(100)),
             tb(1, 100, 1)
         );
         // 3 per 1.5 s: 2 s intervals of 4 tokens (2/s, as 3 per 1.5 s).
-        assert_eq!(strategy(s(3, 1), Duration::from_millis(1500)), tb(1, 4, 2));
+        assert_eq!(
+            Strategy::for_share(s(3, 1), Duration::from_millis(1500)),
+            tb(1, 4, 2)
+        );
         // 1 per 1.5 s: 2 s intervals of 1 token — slower, never faster.
-        assert_eq!(strategy(s(1, 1), Duration::from_millis(1500)), tb(1, 1, 2));
-        assert_eq!(strategy(s(0, 0), Duration::from_secs(1)), Strategy::DenyAll);
+        assert_eq!(
+            Strategy::for_share(s(1, 1), Duration::from_millis(1500)),
+            tb(1, 1, 2)
+        );
+        assert_eq!(
+            Strategy::for_share(s(0, 0), Duration::from_secs(1)),
+            Strategy::DenyAll
+        );
     }
 
     #[test]
@@ -315,8 +309,8 @@ mod tests {
         for strategy in [
             Strategy::AllowAll,
             Strategy::DenyAll,
-            strategy(
-                Share {
+            Strategy::for_share(
+                flowgate::rlqs::Share {
                     tokens: 7,
                     bucket: 1,
                 },

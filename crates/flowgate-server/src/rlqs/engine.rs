@@ -409,7 +409,7 @@ impl Engine {
             Ok(Joined::Claimed { share, tick }) => {
                 self.metrics.join("claimed");
                 Some(JoinAnswer {
-                    strategy: bucket::strategy(share, divided.period),
+                    strategy: Strategy::for_share(share, divided.period),
                     claim: Some((tick, share)),
                 })
             }
@@ -439,9 +439,9 @@ impl Engine {
             FailMode::Local => {
                 let terms = self.local_terms(&divided.terms);
                 match ledger::join(&self.fallback, &divided.rule, &terms, member).await {
-                    Ok(joined) => joined
-                        .share()
-                        .map_or(Strategy::DenyAll, |s| bucket::strategy(s, divided.period)),
+                    Ok(joined) => joined.share().map_or(Strategy::DenyAll, |s| {
+                        Strategy::for_share(s, divided.period)
+                    }),
                     Err(_) => Strategy::DenyAll,
                 }
             }
@@ -584,7 +584,7 @@ impl Engine {
                 .apply(tick.number, tick.current.get(&bucket.member))
             {
                 Some(share) => {
-                    let strategy = bucket::strategy(share, period);
+                    let strategy = Strategy::for_share(share, period);
                     batch
                         .entry(*stream_id)
                         .or_default()
@@ -623,7 +623,7 @@ impl Engine {
         else {
             return;
         };
-        let strategy = bucket::strategy(share, divided.period);
+        let strategy = Strategy::for_share(share, divided.period);
         bucket.holding.claimed(tick, share);
         bucket.sent = Some(strategy);
         batch
@@ -671,7 +671,7 @@ impl Engine {
                 FailMode::Closed => Strategy::DenyAll,
                 FailMode::Local => match local.as_ref().and_then(|t| t.current.get(&bucket.member))
                 {
-                    Some(share) => bucket::strategy(share, divided.period),
+                    Some(share) => Strategy::for_share(share, divided.period),
                     None => Strategy::DenyAll,
                 },
             };

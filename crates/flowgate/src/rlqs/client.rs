@@ -50,6 +50,41 @@ pub enum Strategy {
     TokenBucket(TokenBucket),
 }
 
+impl Strategy {
+    /// The token bucket enforcing `share` of a rule whose period is `period`: Envoy fills
+    /// `tokens_per_fill` every `fill_interval` of whole seconds, so the interval is the period
+    /// rounded up to whole seconds and the tokens scaled down to it — never a faster rate than
+    /// the share. Tokens beyond `u32::MAX` per interval are capped (Envoy's field size). A
+    /// share of no tokens denies everything.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use flowgate::rlqs::Share;
+    /// use flowgate::rlqs::client::{Strategy, TokenBucket};
+    /// // 3 per 1.5 s: 4 tokens every 2 s.
+    /// let s = Strategy::for_share(Share { tokens: 3, bucket: 1 }, Duration::from_millis(1500));
+    /// assert_eq!(s, Strategy::TokenBucket(TokenBucket {
+    ///     max_tokens: 1,
+    ///     tokens_per_fill: 4,
+    ///     fill_interval: Duration::from_secs(2),
+    /// }));
+    /// ```
+    pub fn for_share(share: super::Share, period: Duration) -> Strategy {
+        if share.tokens == 0 {
+            return Strategy::DenyAll;
+        }
+        let period_ns = period.as_nanos().max(1);
+        let secs = period_ns.div_ceil(1_000_000_000).max(1);
+        let per_fill = u128::from(share.tokens) * secs * 1_000_000_000 / period_ns;
+        let cap = u128::from(u32::MAX);
+        Strategy::TokenBucket(TokenBucket {
+            max_tokens: share.bucket.min(u64::from(u32::MAX)),
+            tokens_per_fill: u64::try_from(per_fill.clamp(1, cap)).unwrap_or(u64::from(u32::MAX)),
+            fill_interval: Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX)),
+        })
+    }
+}
+
 /// `expired_assignment_behavior`: what a bucket does once its assignment expired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expired {

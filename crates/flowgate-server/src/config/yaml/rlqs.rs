@@ -230,3 +230,74 @@ pub(super) fn convert_rlqs(
     }
     (errors.len() == before).then_some(config)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use crate::config::rlqs::{RlqsConfig, Unmatched};
+
+    fn parse(text: &str) -> Result<Option<RlqsConfig>, Vec<String>> {
+        super::super::parse(Path::new("f.yaml"), text, &mut Vec::new())
+            .map(|p| p.rlqs)
+            .map_err(|e| e.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn the_section_is_read_with_its_defaults() {
+        let section = parse(
+            "domain: d\nrlqs:\n  report_interval: 2s\n  assignment_ttl: 5s\n  unmatched: divide\n  unmatched_limit: {limit: 10, per: 1m}\n  fairness: {floor: 0.5, overshoot: 0}\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(section.report_interval, Duration::from_secs(2));
+        assert_eq!(section.assignment_ttl, Duration::from_secs(5));
+        assert_eq!(section.abandon_after, Duration::from_secs(30));
+        assert!(matches!(section.unmatched, Unmatched::Divide(q) if q.limit() == 10));
+        assert_eq!(
+            (section.fairness.floor, section.fairness.overshoot),
+            (0.5, 0.0)
+        );
+        assert_eq!(section.fairness.headroom, 1.1);
+        assert_eq!(section.timing().stale_after, Duration::from_secs(9));
+        assert_eq!(parse("domain: d\n").unwrap(), None);
+    }
+
+    #[test]
+    fn every_wrong_field_is_reported_with_its_place() {
+        let errors = parse(
+            "domain: d\nrlqs:\n  report_interval: 50ms\n  assignment_ttl: 2.5s\n  abandon_after: soon\n  unmatched: maybe\n  fairness: {floor: 2, headroom: 0.5, join_budget: 0.9}\n",
+        )
+        .unwrap_err();
+        let expected = [
+            "f.yaml:3:20: `rlqs.report_interval`: must be longer than 100ms",
+            "f.yaml:4:19: `rlqs.assignment_ttl`: must be a whole number of seconds",
+            "f.yaml:5:18: `rlqs.abandon_after`: `soon` is not a duration",
+            "f.yaml:6:14: `rlqs.unmatched`: unknown value `maybe`",
+            "f.yaml:7:21: `rlqs.fairness.floor`: must be between 0 and 1",
+            "f.yaml:7:34: `rlqs.fairness.headroom`: must be between 1 and 100",
+            "f.yaml:7:52: `rlqs.fairness.join_budget`: must be between 0 and 0.5",
+        ];
+        for want in expected {
+            assert!(
+                errors.iter().any(|e| e.starts_with(want)),
+                "{want}\n{errors:#?}"
+            );
+        }
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        let ttl = parse("domain: d\nrlqs:\n  report_interval: 5s\n").unwrap_err();
+        assert!(
+            ttl[0].contains("must be longer than report_interval"),
+            "{ttl:?}"
+        );
+        let divide = parse("domain: d\nrlqs:\n  unmatched: divide\n").unwrap_err();
+        assert!(divide[0].contains("needs `unmatched_limit"), "{divide:?}");
+        let stray =
+            parse("domain: d\nrlqs:\n  unmatched_limit: {limit: 1, per: 1s}\n").unwrap_err();
+        assert!(
+            stray[0].contains("applies only with `unmatched: divide`"),
+            "{stray:?}"
+        );
+    }
+}
