@@ -276,6 +276,21 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
         5.0
     );
 
+    // The dashboard shows the stream and the shares.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = server.get("/dashboard/snapshot").await.json();
+        let rlqs = &view["rlqs"];
+        if rlqs["streams"] == 1 && rlqs["rules"][0]["tokens"] == 100 {
+            assert_eq!(rlqs["rules"][0]["rule"], "tenant");
+            assert_eq!(rlqs["rules"][0]["members"], 1);
+            assert_eq!(rlqs["buckets"], 1);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{rlqs}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // ShouldRateLimit still answers on the same listener.
     let mut rls = server.rls().await;
     let answer = common::should(
