@@ -443,6 +443,37 @@ async fn malformed_streams_get_clear_statuses_and_are_counted() {
 }
 
 #[tokio::test]
+async fn a_report_larger_than_the_body_limit_is_refused() {
+    let clock = ManualClock::new(START);
+    let ticks = ManualTicks::new();
+    let server = start_with(&[("edge.yaml", POLICY)], &clock, &ticks, |c| {
+        c.max_body_bytes = 4096;
+    })
+    .await;
+    let (tx, mut inbound) = raw(&server).await;
+    let many: Vec<BucketQuotaUsage> = (0..200)
+        .map(|i| {
+            usage(
+                &[("tenant", &format!("tenant-with-a-long-name-{i:04}"))],
+                1,
+                0,
+            )
+        })
+        .collect();
+    tx.send(report("edge", many)).await.unwrap();
+    let status = ending(&mut inbound).await;
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    common::wait_metric(
+        &server,
+        "flowgate_rlqs_stream_errors_total{reason=\"malformed_message\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(server.metric("flowgate_rlqs_buckets").await, 0.0);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn streams_and_buckets_per_stream_are_capped() {
     let clock = ManualClock::new(START);
     let ticks = ManualTicks::new();

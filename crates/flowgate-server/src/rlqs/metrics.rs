@@ -4,7 +4,8 @@
 //! * `flowgate_rlqs_streams` (open now), `flowgate_rlqs_streams_opened_total`,
 //!   `flowgate_rlqs_streams_refused_total{reason}` (`capacity`, `draining`),
 //!   `flowgate_rlqs_stream_errors_total{reason}` (streams ended with an error status:
-//!   `no_domain`, `domain_changed`, `unknown_domain`, `malformed_bucket`, `absurd_count`,
+//!   `no_domain`, `domain_changed`, `unknown_domain`, `malformed_bucket`,
+//!   `malformed_message` (undecodable or larger than `--max-body-bytes`), `absurd_count`,
 //!   `too_many_buckets`, `not_reading`);
 //! * `flowgate_rlqs_buckets` (buckets tracked now, over all streams),
 //!   `flowgate_rlqs_reports_total` (bucket usage reports received),

@@ -317,7 +317,7 @@ impl RateLimitQuotaService for RlqsService {
                             engine.fail(
                                 id,
                                 StreamError {
-                                    reason: "malformed_bucket",
+                                    reason: "malformed_message",
                                     status,
                                 },
                             );
