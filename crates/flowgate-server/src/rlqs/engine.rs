@@ -36,6 +36,9 @@ pub const MAX_REPORTED_COUNT: u64 = 1_000_000_000_000;
 /// has the next ones skipped (each tick's message repeats every assignment).
 pub const OUTBOUND_CAPACITY: usize = 4;
 
+/// Ledger calls (one per rule instance, or per joining bucket) in flight at once.
+const LEDGER_CONCURRENCY: usize = 64;
+
 /// Ticks in a row whose message could not be queued before a stream is ended as not reading.
 pub const MAX_MISSED_TICKS: u32 = 3;
 
@@ -253,7 +256,7 @@ impl Engine {
     /// Takes one report message of stream `id`: checks it, updates demands, and answers new
     /// buckets (a blanket rule, or a first share from the ledger).
     pub(super) async fn report(
-        &self,
+        self: &Arc<Self>,
         id: u64,
         domain: &str,
         usages: Vec<BucketQuotaUsage>,
@@ -376,8 +379,26 @@ impl Engine {
                 self.metrics.buckets.inc();
             }
         }
-        for (key, divided, member) in joins {
-            let joined = self.join(&divided, &member).await;
+        let mut answers = Vec::with_capacity(joins.len());
+        let mut joins = joins.into_iter();
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            while tasks.len() < LEDGER_CONCURRENCY
+                && let Some((key, divided, member)) = joins.next()
+            {
+                let engine = self.clone();
+                tasks.spawn(async move {
+                    let joined = engine.join(&divided, &member).await;
+                    (key, joined)
+                });
+            }
+            match tasks.join_next().await {
+                Some(Ok(answer)) => answers.push(answer),
+                Some(Err(_)) => {}
+                None => break,
+            }
+        }
+        for (key, joined) in answers {
             let mut state = self.state.lock();
             let Some(bucket) = state
                 .streams
@@ -499,10 +520,38 @@ impl Engine {
             .unwrap_or(crate::config::rlqs::DEFAULT_REPORT_INTERVAL)
     }
 
+    /// One rule instance's tick: its division applied to this instance's members (or its
+    /// fail mode, if the ledger is away); the actions to send.
+    async fn tick_rule(
+        &self,
+        rule: &str,
+        divided: &Divided,
+        demands: &[(String, Option<u64>)],
+    ) -> Batch {
+        let mut batch: Batch = BTreeMap::new();
+        let refs: Vec<(&str, Option<u64>)> =
+            demands.iter().map(|(m, d)| (m.as_str(), *d)).collect();
+        match ledger::tick(&*self.ledger, rule, &divided.terms, &refs).await {
+            Ok(tick) => {
+                self.observe(tick.now);
+                let claims = self.apply(rule, &tick, &mut batch);
+                for member in claims {
+                    self.claim(rule, divided, &tick, &member, &mut batch).await;
+                }
+            }
+            Err(e) => {
+                self.metrics.ledger_failures.inc();
+                tracing::warn!(%rule, "RLQS ledger unavailable at a tick: {e}");
+                self.apply_fallback(rule, divided, &refs, &mut batch).await;
+            }
+        }
+        batch
+    }
+
     /// One pass: re-resolves targets after a reload, hands out every due rule instance's
     /// division (all of them when `all`), refreshes blanket assignments, abandons idle
     /// buckets and ends streams that do not read.
-    pub(super) async fn tick(&self, all: bool) {
+    pub(super) async fn tick(self: &Arc<Self>, all: bool) {
         let active = self.service.active();
         self.reresolve(&active).await;
         let now_ledger = self.ledger_now();
@@ -527,25 +576,26 @@ impl Engine {
                 })
                 .collect()
         };
+        // The rule instances' ledger calls run concurrently (pipelined on the store's
+        // connection), a bounded number at a time.
         let mut batch: Batch = BTreeMap::new();
-        for (rule, divided, demands) in due {
-            let refs: Vec<(&str, Option<u64>)> =
-                demands.iter().map(|(m, d)| (m.as_str(), *d)).collect();
-            match ledger::tick(&*self.ledger, &rule, &divided.terms, &refs).await {
-                Ok(tick) => {
-                    self.observe(tick.now);
-                    let claims = self.apply(&rule, &tick, &mut batch);
-                    for member in claims {
-                        self.claim(&rule, &divided, &tick, &member, &mut batch)
-                            .await;
+        let mut due = due.into_iter();
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            while tasks.len() < LEDGER_CONCURRENCY
+                && let Some((rule, divided, demands)) = due.next()
+            {
+                let engine = self.clone();
+                tasks.spawn(async move { engine.tick_rule(&rule, &divided, &demands).await });
+            }
+            match tasks.join_next().await {
+                Some(Ok(part)) => {
+                    for (stream, actions) in part {
+                        batch.entry(stream).or_default().extend(actions);
                     }
                 }
-                Err(e) => {
-                    self.metrics.ledger_failures.inc();
-                    tracing::warn!(%rule, "RLQS ledger unavailable at a tick: {e}");
-                    self.apply_fallback(&rule, &divided, &refs, &mut batch)
-                        .await;
-                }
+                Some(Err(_)) => {}
+                None => break,
             }
         }
         self.refresh_and_abandon(&active, &mut batch).await;
