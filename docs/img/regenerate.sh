@@ -25,3 +25,5 @@ sim flash-crowd --scenario flash-crowd
 sim retry-storm --scenario retry-storm --algorithms gcra,fixed_window,sliding_log
 sim retry-storm-honoured --scenario retry-storm-honoured --algorithms gcra,fixed_window,sliding_log
 sim deployments --scenario flash-crowd --algorithms gcra --deployments in-process,shared,per-instance,hybrid,fallback-open,fallback-closed,fallback-local --instances 3
+sim rlqs --limit 6000 --period 1m --scenario flash-crowd --algorithms gcra,sliding_log --deployments in-process,rlqs --envoys 20 --report-interval 1s
+sim rlqs-fleet --limit 6000 --period 1m --scenario flash-crowd --deployments rlqs --envoys 5,20,100 --report-interval 1s,10s

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use flowgate::clock::{Clock, PreciseClock};
 use flowgate::local::TableStats;
+use flowgate::rlqs::Ledger;
 use flowgate::store::{Ask, DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
 
@@ -25,6 +26,9 @@ pub struct Backend {
     /// The memory store's size and evictions, when the counters are in this process's memory
     /// store (for `/metrics`).
     memory: Option<Arc<dyn Fn() -> TableStats + Send + Sync>>,
+    /// Where RLQS divisions are shared with other instances (the shared store's); `None`:
+    /// this process only.
+    quota_ledger: Option<Arc<dyn Ledger>>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -73,6 +77,7 @@ impl Backend {
             store,
             shared: None,
             memory: None,
+            quota_ledger: None,
         }
     }
 
@@ -84,6 +89,7 @@ impl Backend {
             store,
             shared: None,
             memory: Some(Arc::new(move || stats.stats())),
+            quota_ledger: None,
         }
     }
 
@@ -100,7 +106,20 @@ impl Backend {
             store: fallback.clone(),
             shared: Some(fallback),
             memory: None,
+            quota_ledger: None,
         }
+    }
+
+    /// The same backend, sharing RLQS divisions through `ledger` (the shared store's:
+    /// [`RedisStore::quota_ledger`](flowgate::store::RedisStore::quota_ledger)).
+    pub fn with_quota_ledger(mut self, ledger: Arc<dyn Ledger>) -> Self {
+        self.quota_ledger = Some(ledger);
+        self
+    }
+
+    /// Where RLQS divisions are shared, when they are.
+    pub fn quota_ledger(&self) -> Option<Arc<dyn Ledger>> {
+        self.quota_ledger.clone()
     }
 
     /// The store every request is checked in.

@@ -5,6 +5,7 @@
 //!
 //! * [`config`]: envoyproxy/ratelimit-compatible YAML, validation, reload;
 //! * [`api`]: the gRPC (Envoy RLS v3) and HTTP APIs over one [`api::Service`];
+//! * [`rlqs`]: Envoy's Rate Limit Quota Service on the gRPC listener;
 //! * [`gateway`]: the rate-limiting HTTP reverse proxy (`--upstream URL`);
 //! * [`listen`]: bounded listeners (connection cap, header read timeout, TLS handshake);
 //! * [`tls`]: rustls certificates (reloaded) for the listeners and `https://` upstreams;
@@ -26,5 +27,6 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod listen;
 pub mod metrics;
+pub mod rlqs;
 pub mod server;
 pub mod tls;

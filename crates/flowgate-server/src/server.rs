@@ -56,6 +56,8 @@ pub struct ServerConfig {
     /// TLS on the listeners (`--tls-cert`, `--tls-key`, `--tls-listeners`); the certificate
     /// is reloaded when its files change and on SIGHUP (with [`ServerConfig::watch`]).
     pub tls: Option<ListenerTls>,
+    /// The RLQS service on the gRPC listener (`--rlqs-*`).
+    pub rlqs: crate::rlqs::RlqsOptions,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -104,6 +106,7 @@ impl ServerConfig {
             dashboard: true,
             admin_token: None,
             tls: None,
+            rlqs: crate::rlqs::RlqsOptions::default(),
         })
     }
 }
@@ -162,6 +165,7 @@ pub async fn run(
         max_body_bytes: config.max_body_bytes,
         ..api::InputLimits::default()
     };
+    let quota_ledger = config.backend.quota_ledger();
     let service = Arc::new(
         Service::new(config.policy, config.backend)
             .with_admin_token(config.admin_token)
@@ -203,6 +207,12 @@ pub async fn run(
             .with_tls(tls_for(TlsListener::Http));
         tasks.spawn(api::http::serve(acceptor, router, shutdown, grace_period));
     }
+    // Envoy's Rate Limit Quota Service, beside ShouldRateLimit on the gRPC listener.
+    let rlqs = (listeners.grpc.is_some() && !noop)
+        .then(|| crate::rlqs::Rlqs::new(service.clone(), quota_ledger, config.rlqs));
+    if let Some(rlqs) = &rlqs {
+        tasks.spawn(rlqs.clone().run(signal(stopped.clone())));
+    }
     if let Some(listener) = listeners.grpc {
         let shutdown = signal(stopped.clone());
         // HTTP/2's client preface: 24 bytes, all due within the header read timeout.
@@ -216,10 +226,13 @@ pub async fn run(
                 shutdown,
                 grace_period,
             ));
-        } else {
+        } else if let Some(rlqs) = &rlqs {
             tasks.spawn(api::grpc::serve(
                 acceptor,
-                api::grpc::Rls::server(service.clone()),
+                crate::rlqs::GrpcRoutes::new(
+                    api::grpc::Rls::server(service.clone()),
+                    rlqs.server(),
+                ),
                 shutdown,
                 grace_period,
             ));
@@ -279,6 +292,9 @@ pub async fn run(
         }
     }
     service.start_draining();
+    if let Some(rlqs) = &rlqs {
+        rlqs.drain();
+    }
     if asked && !drain_period.is_zero() {
         tracing::info!(
             "draining: /readyz answers 503; still serving for {}",

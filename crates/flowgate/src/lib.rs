@@ -20,6 +20,9 @@
 //!   allows; every front end (tower layer, gateway, service APIs, WebSocket) goes through it.
 //! * **Answers** (`answer`, feature `answer`): the one renderer of decisions into the IETF
 //!   `RateLimit` fields, `Retry-After`, problem+json bodies and gRPC statuses.
+//! * **Envoy's quota protocol** ([`rlqs`]): one limit divided among the Envoys that enforce it
+//!   themselves (RLQS): fair shares from reported demand, kept within a documented bound
+//!   across Flowgate instances by the shared store.
 //! * **Envoy's rate-limit model** (`envoy`, feature `envoy`): envoyproxy/ratelimit's domains,
 //!   descriptors and rule trees.
 //! * **WebSocket** (`ws`, feature `ws`): limits per connection, IP, user, room, slowmode and
@@ -67,6 +70,7 @@ pub mod http;
 pub mod local;
 pub mod pipeline;
 pub mod quota;
+pub mod rlqs;
 mod scratch;
 #[cfg(feature = "serde")]
 pub mod settings;

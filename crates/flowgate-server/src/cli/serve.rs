@@ -149,6 +149,13 @@ pub struct ServeArgs {
     /// section; overrides `websocket.listen` [default: 127.0.0.1:8001].
     #[arg(long, value_name = "ADDR", env = "FLOWGATE_WEBSOCKET")]
     pub websocket: Option<ListenAddr>,
+    /// Most RLQS streams (Envoys) served at once; more are refused with `RESOURCE_EXHAUSTED`.
+    #[arg(long, value_name = "N", default_value_t = crate::rlqs::DEFAULT_MAX_STREAMS, value_parser = clap::value_parser!(usize), env = "FLOWGATE_RLQS_MAX_STREAMS")]
+    pub rlqs_max_streams: usize,
+    /// Most buckets one RLQS stream may report; a stream reporting more is ended with
+    /// `RESOURCE_EXHAUSTED`.
+    #[arg(long, value_name = "N", default_value_t = crate::rlqs::DEFAULT_MAX_BUCKETS_PER_STREAM, value_parser = clap::value_parser!(usize), env = "FLOWGATE_RLQS_MAX_BUCKETS")]
+    pub rlqs_max_buckets: usize,
     /// Serve TLS with this PEM certificate chain (the server's certificate first), on the
     /// listeners of --tls-listeners; with --tls-key. Reloaded when the file changes and on
     /// SIGHUP (a broken file keeps the running certificate).
@@ -319,6 +326,13 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
     let shared = SharedOptions {
         fail: args.fail,
         instances: args.instances,
+    };
+    config.rlqs = crate::rlqs::RlqsOptions {
+        max_streams: args.rlqs_max_streams,
+        max_buckets_per_stream: args.rlqs_max_buckets,
+        fail: args.fail,
+        instances: args.instances,
+        ..crate::rlqs::RlqsOptions::default()
     };
     let gateway_addr = match &upstream {
         None => None,
@@ -510,10 +524,11 @@ async fn connect_redis(
             format!("cannot connect to Redis at {what}: {error}")
         })?;
     tracing::info!(redis = %what, fail = ?shared.fail, instances = shared.instances, "counting in Redis");
-    Ok(crate::backend::Backend::shared(
-        std::sync::Arc::new(store),
-        shared,
-    ))
+    let ledger = std::sync::Arc::new(store.quota_ledger());
+    Ok(
+        crate::backend::Backend::shared(std::sync::Arc::new(store), shared)
+            .with_quota_ledger(ledger),
+    )
 }
 
 #[cfg(not(feature = "redis"))]

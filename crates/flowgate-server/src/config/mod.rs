@@ -23,6 +23,7 @@ pub mod address;
 mod error;
 pub mod gateway;
 pub mod reload;
+pub mod rlqs;
 pub mod websocket;
 mod yaml;
 
@@ -35,6 +36,7 @@ use flowgate::envoy::{RuleErrorKind, RuleSet};
 pub use address::ListenAddr;
 pub use error::{ConfigError, ConfigErrors};
 pub use gateway::GatewayConfig;
+pub use rlqs::RlqsConfig;
 pub use websocket::WebSocketConfig;
 
 /// The policy used when `flowgate serve` is given no `--config`: domain `default`, documented
@@ -63,6 +65,15 @@ pub struct Policy {
     pub gateway: Option<GatewayConfig>,
     /// The `websocket` section (at most one file has one).
     pub websocket: Option<WebSocketConfig>,
+    /// Each domain's `rlqs` section (domains without one use [`RlqsConfig::default`]).
+    pub rlqs: std::collections::BTreeMap<String, RlqsConfig>,
+}
+
+impl Policy {
+    /// The RLQS settings of `domain`.
+    pub fn rlqs(&self, domain: &str) -> RlqsConfig {
+        self.rlqs.get(domain).copied().unwrap_or_default()
+    }
 }
 
 /// A configuration file's name and text.
@@ -179,9 +190,13 @@ impl Policy {
         let mut positions = Vec::with_capacity(sources.len());
         let mut gateway: Option<(GatewayConfig, PathBuf)> = None;
         let mut websocket: Option<(WebSocketConfig, PathBuf)> = None;
+        let mut rlqs = std::collections::BTreeMap::new();
         for source in &sources {
             match yaml::parse(&source.path, &source.text, references) {
                 Ok(parsed) => {
+                    if let Some(section) = parsed.rlqs {
+                        rlqs.insert(parsed.domain.domain.clone(), section);
+                    }
                     domains.push(parsed.domain);
                     positions.push(parsed.positions);
                     match (parsed.gateway, &gateway) {
@@ -245,6 +260,7 @@ impl Policy {
             loaded_at: SystemTime::now(),
             gateway: gateway.map(|(section, _)| section),
             websocket: websocket.map(|(section, _)| section),
+            rlqs,
         })
     }
 }

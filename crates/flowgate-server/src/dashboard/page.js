@@ -44,6 +44,15 @@ function render(s) {
     kv("gateway", "not running");
   }
 
+  // RLQS: streams (Envoys), and per rule the shares this instance's Envoys hold.
+  const q = $("rlqs");
+  q.replaceChildren();
+  const qkv = (k, v) => { const dt = document.createElement("dt"); dt.textContent = k; const dd = document.createElement("dd"); dd.textContent = v; q.append(dt, dd); };
+  qkv("streams", `${s.rlqs.streams} (${s.rlqs.buckets} buckets)`);
+  for (const r of s.rlqs.rules) {
+    qkv(`${r.domain}/${r.rule}`, `${r.members} buckets hold ${r.tokens} of ${r.limit} per ${r.period_ms / 1000}s`);
+  }
+
   let allowed = 0, denied = 0, deniedTotal = 0;
   const body = $("rules").tBodies[0];
   body.replaceChildren();

@@ -32,6 +32,38 @@ pub struct Snapshot {
     pub top_denied_total: u64,
     /// The WebSocket gateway, when it runs.
     pub websocket: Option<WebSocketView>,
+    /// Envoy's Rate Limit Quota Service: streams, and the shares of each rule.
+    pub rlqs: RlqsView,
+}
+
+/// The RLQS service on this instance.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RlqsView {
+    /// Streams (Envoys) connected now.
+    pub streams: usize,
+    /// Buckets they report.
+    pub buckets: usize,
+    /// Per rule with buckets here.
+    pub rules: Vec<RlqsRuleView>,
+}
+
+/// One rule's buckets on this instance and the shares they hold.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RlqsRuleView {
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's path.
+    pub rule: String,
+    /// Its limit per period.
+    pub limit: u64,
+    /// Its period, ms.
+    pub period_ms: u64,
+    /// Rule instances (descriptor values) with buckets here.
+    pub instances: usize,
+    /// Buckets here.
+    pub members: usize,
+    /// Tokens per period they hold.
+    pub tokens: u64,
 }
 
 /// The running configuration and the last reload.
@@ -243,6 +275,27 @@ impl Sampler {
                     closes,
                 }
             }),
+            rlqs: rlqs_view(service.metrics().rlqs().snapshot()),
         }
+    }
+}
+
+fn rlqs_view(s: crate::rlqs::Snapshot) -> RlqsView {
+    RlqsView {
+        streams: s.streams,
+        buckets: s.buckets,
+        rules: s
+            .rules
+            .into_iter()
+            .map(|r| RlqsRuleView {
+                domain: r.domain,
+                rule: r.rule,
+                limit: r.limit,
+                period_ms: r.period_ms,
+                instances: r.instances,
+                members: r.members,
+                tokens: r.tokens,
+            })
+            .collect(),
     }
 }

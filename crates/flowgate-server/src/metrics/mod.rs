@@ -33,6 +33,7 @@ mod gateway;
 mod listener;
 mod memory;
 mod reloads;
+mod rlqs;
 mod store;
 mod websocket;
 
@@ -45,6 +46,10 @@ pub use decisions::{Api, ApiLabel, MAX_DETAILED_SERIES, RuleCounters, RuleLabels
 pub use gateway::{GatewayOutcome, OutcomeLabel, UpstreamMetrics};
 pub use listener::{ListenerLabel, ListenerMetrics};
 pub use reloads::ResultLabel;
+pub use rlqs::{
+    ActionLabel as RlqsActionLabel, DecisionLabel as RlqsDecisionLabel, RlqsMetrics,
+    RuleShares as RlqsRuleShares, Snapshot as RlqsSnapshot,
+};
 pub use store::{KindLabel, ModeLabel};
 pub use websocket::WsTotals;
 
@@ -65,6 +70,8 @@ pub struct Metrics {
     listeners: listener::ListenerFamilies,
     /// Where the WebSocket gateway's counters are read from, once it runs.
     websocket: websocket::WsSource,
+    /// The RLQS service's metrics.
+    rlqs: RlqsMetrics,
 }
 
 impl Default for Metrics {
@@ -84,6 +91,7 @@ impl Metrics {
         let websocket = websocket::WsSource::default();
         registry.register_collector(Box::new(websocket::WsCollector(websocket.clone())));
         let listeners = listener::ListenerFamilies::register(&mut registry);
+        let rlqs = RlqsMetrics::register(&mut registry);
         Metrics {
             registry,
             decisions,
@@ -92,7 +100,13 @@ impl Metrics {
             gateway,
             listeners,
             websocket,
+            rlqs,
         }
+    }
+
+    /// The RLQS service's metrics.
+    pub fn rlqs(&self) -> &RlqsMetrics {
+        &self.rlqs
     }
 
     /// The metrics of the listener named `listener`, for its [`Acceptor`](crate::listen::Acceptor).

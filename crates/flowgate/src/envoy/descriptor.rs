@@ -2,8 +2,8 @@
 
 use super::unit::Unit;
 
-/// One `(key, value)` entry of a descriptor.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+/// One `(key, value)` entry of a descriptor (ordered by key, then value).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Entry {
     /// The entry's key, e.g. `remote_address`.
     pub key: String,

@@ -21,7 +21,7 @@
 //!
 //! **Checking** ([`check`]). A request names a domain and carries one or more [`Descriptor`]s;
 //! each is matched to at most one rule or carries its own limit override, and every counted
-//! descriptor is asked of the store at once ([`check_all`](crate::limits::check_all)): the
+//! descriptor is asked of the store at once ([`pipeline::decide`](crate::pipeline::decide)): the
 //! request is allowed only if every enforced limit allows, and a denied request consumes
 //! nothing anywhere.
 //!
@@ -73,5 +73,5 @@ pub use descriptor::{Descriptor, Entry, LimitOverride};
 pub use key::counter_key;
 pub use resolve::{AppliedLimit, resolve};
 pub use rules::{DomainSpec, LimitSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath, RuleSpec};
-pub use ruleset::{DomainRules, RuleSet};
+pub use ruleset::{DomainRules, MAX_BUCKET_STEPS, RuleSet};
 pub use unit::{Unit, UnknownUnit};

@@ -250,7 +250,79 @@ impl<'a> DomainRules<'a> {
         }
         None
     }
+
+    /// The rule for an **unordered** set of entries — an RLQS `BucketId`, a map — and the
+    /// entries in the order the rule tree takes them (the descriptor they amount to).
+    ///
+    /// The tree is walked as [`find`](Self::find) walks a descriptor, except that the next
+    /// entry is chosen among those not yet used: at each level, the first entry (in key
+    /// order) whose key the level has a rule for and from which the rest can be matched.
+    /// Every entry must be used, and the rule reached by the last must carry a limit. The
+    /// search gives up (`None`) after [`MAX_BUCKET_STEPS`] rules tried.
+    ///
+    /// ```
+    /// use flowgate::envoy::{DomainSpec, Entry, LimitSpec, Rate, RuleSet, RuleSpec};
+    /// use flowgate::Quota;
+    /// let limit = LimitSpec::new(Rate::Limited(Quota::per_second(10)));
+    /// let rules = RuleSet::build(vec![DomainSpec::new("d", vec![
+    ///     RuleSpec::new("tenant").with_children(vec![RuleSpec::new("path").with_limit(limit)]),
+    /// ])]).unwrap();
+    /// let bucket = [Entry::new("path", "/x"), Entry::new("tenant", "t1")];
+    /// let (rule, ordered) = rules.domain("d").unwrap().find_unordered(&bucket).unwrap();
+    /// assert_eq!(rule.path, "tenant.path");
+    /// assert_eq!(ordered[0], Entry::new("tenant", "t1"));
+    /// ```
+    pub fn find_unordered(&self, entries: &[Entry]) -> Option<(&'a Rule, Vec<Entry>)> {
+        if entries.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<&Entry> = entries.iter().collect();
+        sorted.sort_by(|a, b| a.key.cmp(&b.key).then(a.value.cmp(&b.value)));
+        let mut used = vec![false; sorted.len()];
+        let mut path = Vec::with_capacity(sorted.len());
+        let mut steps = MAX_BUCKET_STEPS;
+        let rule = self.walk(self.root, &sorted, &mut used, &mut path, &mut steps)?;
+        Some((&self.set.rules[rule], path.into_iter().cloned().collect()))
+    }
+
+    fn walk<'e>(
+        &self,
+        level: &'a Level,
+        entries: &[&'e Entry],
+        used: &mut [bool],
+        path: &mut Vec<&'e Entry>,
+        steps: &mut u32,
+    ) -> Option<usize> {
+        for i in 0..entries.len() {
+            if used[i] {
+                continue;
+            }
+            let Some(node) = level.lookup(entries[i]) else {
+                continue;
+            };
+            *steps = steps.checked_sub(1)?;
+            used[i] = true;
+            path.push(entries[i]);
+            let found = if path.len() == entries.len() {
+                node.rule
+            } else if node.children.is_empty() {
+                None
+            } else {
+                self.walk(&node.children, entries, used, path, steps)
+            };
+            if found.is_some() {
+                return found;
+            }
+            used[i] = false;
+            path.pop();
+        }
+        None
+    }
 }
+
+/// The most rules [`DomainRules::find_unordered`] tries for one set of entries.
+pub const MAX_BUCKET_STEPS: u32 = 256;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +409,66 @@ mod tests {
         assert_eq!(path_of(&set, "d", &[("outer", "o"), ("inner", "y")]), None);
         assert_eq!(path_of(&set, "d", &[]), None);
         assert_eq!(path_of(&set, "other", &[("key", "a")]), None);
+    }
+
+    #[test]
+    fn unordered_entries_find_the_rule_whose_path_uses_them_all() {
+        let set = sample();
+        let d = set.domain("d").unwrap();
+        let find = |pairs: &[(&str, &str)]| {
+            d.find_unordered(&entries(pairs))
+                .map(|(r, order)| (r.path.clone(), order))
+        };
+        let (path, order) = find(&[("route", "r"), ("client", "a")]).unwrap();
+        assert_eq!(path, "client.route");
+        assert_eq!(order, entries(&[("client", "a"), ("route", "r")]));
+        assert_eq!(
+            find(&[("inner", "x"), ("outer", "o")]).unwrap().0,
+            "outer.inner_x"
+        );
+        assert_eq!(find(&[("key", "special")]).unwrap().0, "key_special");
+        // Every entry must be used; an intermediate rule without a limit matches nothing.
+        assert_eq!(find(&[("client", "a"), ("x", "y")]), None);
+        assert_eq!(find(&[("outer", "o")]), None);
+        assert_eq!(find(&[]), None);
+        // A tree that takes two keys in either order answers the first in key order.
+        let both = RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![
+                RuleSpec::new("a").with_children(vec![RuleSpec::new("b").with_limit(limited(1))]),
+                RuleSpec::new("b").with_children(vec![RuleSpec::new("a").with_limit(limited(2))]),
+            ],
+        )])
+        .unwrap();
+        let (rule, _) = both
+            .domain("d")
+            .unwrap()
+            .find_unordered(&entries(&[("b", "1"), ("a", "2")]))
+            .unwrap();
+        assert_eq!(rule.path, "a.b");
+    }
+
+    #[test]
+    fn an_unordered_search_is_bounded() {
+        // Sixteen keys, each allowed at every level: a perfect trap for a search that
+        // explores every order. It gives up after MAX_BUCKET_STEPS rules.
+        fn level(depth: usize) -> Vec<RuleSpec> {
+            (0..16)
+                .map(|k| {
+                    let rule = RuleSpec::new(format!("k{k:02}"));
+                    if depth == 0 {
+                        rule
+                    } else {
+                        rule.with_children(level(depth - 1))
+                    }
+                })
+                .collect()
+        }
+        let set = RuleSet::build(vec![DomainSpec::new("d", level(2))]).unwrap();
+        let many: Vec<Entry> = (0..16)
+            .map(|k| Entry::new(format!("k{k:02}"), "v"))
+            .collect();
+        assert_eq!(set.domain("d").unwrap().find_unordered(&many), None);
     }
 
     #[test]

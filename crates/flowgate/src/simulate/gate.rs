@@ -69,6 +69,8 @@ enum Kind {
     },
     /// A fallback store per instance over one memory store that is away for a while.
     Fallback(Vec<FallbackStore<OutageStore, ManualClock>>),
+    /// A fleet of Envoys on the Rate Limit Quota Service.
+    Rlqs(Box<super::rlqs::Fleet>),
 }
 
 /// A subject's decider: its deployment, its quota, its clock.
@@ -129,6 +131,19 @@ impl Gate {
             (Limiter::Shaper { .. }, _) => {
                 return Err(SimulateError::ShaperNotShared { subject: label });
             }
+            (
+                Limiter::Algorithm(_),
+                Deployment::Rlqs {
+                    envoys,
+                    report_every,
+                },
+            ) => Kind::Rlqs(Box::new(super::rlqs::Fleet::new(
+                &quota,
+                envoys,
+                report_every,
+                start,
+                clock,
+            ))),
             (Limiter::Algorithm(_), Deployment::InProcess | Deployment::PerInstance { .. }) => {
                 Kind::Keyed(
                     (0..instances)
@@ -235,6 +250,13 @@ impl Gate {
                 let store = &stores[(instance % stores.len() as u64) as usize];
                 answered(store.check_now(Ask::new(name, quota).cost(cost)))
             }
+            Kind::Rlqs(fleet) => Ok(if fleet.decide(instance, key, name, now)? {
+                Verdict::Admitted { wait: 0 }
+            } else {
+                Verdict::Denied {
+                    retry_after: nanos(quota.period()).max(1),
+                }
+            }),
         }
     }
 
@@ -242,12 +264,16 @@ impl Gate {
     pub(super) fn next_tick(&self) -> Option<Nanos> {
         match &self.kind {
             Kind::Hybrid { next_sync, .. } => next_sync.iter().copied().min(),
+            Kind::Rlqs(fleet) => Some(fleet.next_event()),
             _ => None,
         }
     }
 
     /// Does what is due at `now` (the clock reads `now`).
     pub(super) fn tick(&mut self, now: Nanos) -> Result<(), SimulateError> {
+        if let Kind::Rlqs(fleet) = &mut self.kind {
+            return fleet.tick(now);
+        }
         if let Kind::Hybrid {
             stores,
             next_sync,
@@ -277,7 +303,7 @@ impl Gate {
             Kind::Fallback(stores) => stores
                 .first()
                 .map_or(0, |s| s.inner().inner.stats().evicted_active),
-            Kind::Shaper { .. } => 0,
+            Kind::Shaper { .. } | Kind::Rlqs(_) => 0,
         };
         if evicted > 0 {
             return Err(SimulateError::Evicted {

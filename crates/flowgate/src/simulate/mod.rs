@@ -4,7 +4,8 @@
 //! A [`Simulation`] takes a [`Quota`], some [`Traffic`] — a built-in [`Scenario`], a CSV trace
 //! ([`Traffic::from_csv`]) or requests pushed by hand — and the [`Subject`]s to compare: a
 //! [`Limiter`] (one of the five algorithms, or the shaper) in a [`Deployment`] (in process,
-//! per instance, a shared store, the hybrid store, the fallback store during an outage). It
+//! per instance, a shared store, the hybrid store, the fallback store during an outage, a
+//! fleet of Envoys on the Rate Limit Quota Service). It
 //! answers a [`Report`]: per subject a [`Summary`] (admitted, denied, the most admitted in any
 //! window of the period, the first denial, the shaper's waits) and a [`Series`] of admitted
 //! and denied requests over time.
@@ -38,6 +39,7 @@
 mod engine;
 mod gate;
 mod report;
+mod rlqs;
 mod rng;
 mod scenario;
 mod shaper;

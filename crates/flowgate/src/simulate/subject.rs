@@ -102,6 +102,16 @@ pub enum Deployment {
         /// Time between one instance's syncs.
         sync_every: Duration,
     },
+    /// Envoy's Rate Limit Quota Service: `envoys` Envoys enforce token buckets that one
+    /// Flowgate instance assigns them every `report_every` from their reported demand, as
+    /// `flowgate serve` does (`crate::rlqs`); requests go to the Envoys in turn. The limiter's
+    /// algorithm does not matter: Envoys enforce token buckets.
+    Rlqs {
+        /// Envoys.
+        envoys: u64,
+        /// Their reporting interval, and the server's tick.
+        report_every: Duration,
+    },
     /// [`FallbackStore`](crate::store::FallbackStore) over the shared store, which is away
     /// during `outage`; meanwhile requests are decided by `mode`.
     Fallback {
@@ -124,13 +134,14 @@ impl Deployment {
             | Deployment::Shared { instances }
             | Deployment::Hybrid { instances, .. }
             | Deployment::Fallback { instances, .. } => instances.max(1),
+            Deployment::Rlqs { envoys, .. } => envoys.max(1),
         }
     }
 }
 
 impl fmt::Display for Deployment {
     /// `in-process`, `per-instance x3`, `shared x3`, `hybrid x3 sync 50ms`,
-    /// `fallback-local x3 outage 60s..120s`.
+    /// `fallback-local x3 outage 60s..120s`, `rlqs x20 report 1s`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Deployment::InProcess => f.write_str("in-process"),
@@ -147,6 +158,12 @@ impl fmt::Display for Deployment {
                 "fallback-{} x{} outage {outage}",
                 mode.name(),
                 self.instances()
+            ),
+            Deployment::Rlqs { report_every, .. } => write!(
+                f,
+                "rlqs x{} report {}",
+                self.instances(),
+                super::format_duration(report_every)
             ),
         }
     }

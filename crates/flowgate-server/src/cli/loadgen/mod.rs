@@ -1,5 +1,6 @@
 //! `flowgate loadgen`: a load generator for rate-limit services — the Envoy RLS gRPC API of
-//! any server (Flowgate, envoyproxy/ratelimit, …), `POST /json` and Flowgate's `/v1/check`.
+//! any server (Flowgate, envoyproxy/ratelimit, …), `POST /json` and Flowgate's `/v1/check` —
+//! and, with `--rlqs`, a simulated fleet of Envoys on the Rate Limit Quota Service ([`rlqs`]).
 //!
 //! Callers run concurrently for a duration or a number of requests; keys are drawn from a
 //! fixed cardinality with a uniform or Zipf distribution. The summary has throughput and an
@@ -11,6 +12,7 @@
 //! request went out in a write of its own (≈ 1 write syscall per request instead of one per
 //! batch).
 
+pub mod rlqs;
 mod target;
 
 use std::cell::RefCell;
@@ -92,6 +94,27 @@ pub struct LoadgenArgs {
     /// Seed of the key draws (runs with the same seed send the same keys).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Simulate a fleet of Envoys running the `rate_limit_quota` filter against the RLQS
+    /// service of `--target` (several, comma-separated, tried in turn) instead of calling
+    /// ShouldRateLimit; `--rate` is the fleet's offered load, split over the Envoys by a Zipf
+    /// law of `--zipf-exponent` (0: evenly).
+    #[arg(long)]
+    pub rlqs: bool,
+    /// Envoys in the fleet (with `--rlqs`).
+    #[arg(long, default_value_t = 20, requires = "rlqs")]
+    pub envoys: usize,
+    /// How often each Envoy reports (its `reporting_interval`, with `--rlqs`).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, requires = "rlqs")]
+    pub report_interval: Duration,
+    /// The rule's limit per `--window`, to report the fleet's accuracy against (with `--rlqs`).
+    #[arg(long, requires = "rlqs")]
+    pub limit: Option<u64>,
+    /// The window the fleet's admitted requests are counted in (with `--rlqs`).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, requires = "rlqs")]
+    pub window: Duration,
+    /// Every this often one Envoy leaves and a new one joins (with `--rlqs`).
+    #[arg(long, value_parser = humantime::parse_duration, requires = "rlqs")]
+    pub churn: Option<Duration>,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -206,6 +229,9 @@ pub(crate) fn run(args: &LoadgenArgs) -> ExitCode {
     // Without any subscriber, the `tracing` spans of h2 fall back to `log` records: ~4,800
     // instructions per request spent on spans nobody reads (callgrind).
     let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
+    if args.rlqs {
+        return rlqs::run(args);
+    }
     // This thread only waits for the threads that drive the load.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

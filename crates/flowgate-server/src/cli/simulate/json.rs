@@ -94,6 +94,9 @@ struct DeploymentJson {
     sync_every_ms: Option<f64>,
     fail: Option<&'static str>,
     outage_ms: Option<[f64; 2]>,
+    /// The `rlqs` deployment's report interval.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    report_every_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -128,6 +131,7 @@ fn deployment(d: &Deployment) -> DeploymentJson {
         sync_every_ms: None,
         fail: None,
         outage_ms: None,
+        report_every_ms: None,
     };
     match *d {
         Deployment::InProcess => {}
@@ -141,6 +145,10 @@ fn deployment(d: &Deployment) -> DeploymentJson {
             json.kind = "fallback";
             json.fail = Some(mode.name());
             json.outage_ms = Some([ms(outage.from), ms(outage.until)]);
+        }
+        Deployment::Rlqs { report_every, .. } => {
+            json.kind = "rlqs";
+            json.report_every_ms = Some(ms(report_every));
         }
     }
     json

@@ -64,6 +64,13 @@ pub struct SimulateArgs {
     /// Time between a hybrid instance's syncs with the shared store.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub sync_every: Duration,
+    /// Envoys of the `rlqs` deployment; several (comma-separated) compare fleet sizes.
+    #[arg(long, value_delimiter = ',', default_value = "20")]
+    pub envoys: Vec<u64>,
+    /// How often the `rlqs` deployment's Envoys report (and its server divides the limit);
+    /// several (comma-separated) compare intervals.
+    #[arg(long, value_delimiter = ',', default_value = "1s", value_parser = humantime::parse_duration)]
+    pub report_interval: Vec<Duration>,
     /// When the shared store is away in the fallback deployments, as `FROM..UNTIL` after
     /// the start, e.g. `60s..120s` [default: from one period to two].
     #[arg(long, value_parser = parse_outage)]
@@ -118,6 +125,9 @@ pub enum DeploymentKind {
     FallbackClosed,
     /// The store is away during --outage; each instance limits to 1/--instances.
     FallbackLocal,
+    /// Envoy's Rate Limit Quota Service: --envoys Envoys enforce the token buckets Flowgate
+    /// assigns them every --report-interval (one run, whatever the algorithms).
+    Rlqs,
 }
 
 /// What `flowgate simulate` prints.
@@ -299,6 +309,23 @@ fn subjects(args: &SimulateArgs, quota: &Quota) -> (Vec<Subject>, Vec<String>) {
             DeploymentKind::FallbackOpen => fallback(FailMode::Open),
             DeploymentKind::FallbackClosed => fallback(FailMode::Closed),
             DeploymentKind::FallbackLocal => fallback(FailMode::Local),
+            DeploymentKind::Rlqs => {
+                // Envoys enforce token buckets: one run per fleet size and interval, named
+                // after GCRA (a token bucket).
+                for &envoys in &args.envoys {
+                    for &report_every in &args.report_interval {
+                        subjects.push(
+                            Subject::new(Limiter::Algorithm(Algorithm::Gcra)).in_deployment(
+                                Deployment::Rlqs {
+                                    envoys: envoys.max(1),
+                                    report_every,
+                                },
+                            ),
+                        );
+                    }
+                }
+                continue;
+            }
         };
         for &limiter in &limiters {
             let subject = Subject::new(limiter).in_deployment(deployment);

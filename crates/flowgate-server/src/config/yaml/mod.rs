@@ -18,6 +18,7 @@
 mod de;
 mod gateway;
 mod node;
+mod rlqs;
 mod rules;
 mod websocket;
 
@@ -29,11 +30,13 @@ use serde::Deserialize;
 use super::Reference;
 use super::error::ConfigError;
 use super::gateway::GatewayConfig;
+use super::rlqs::RlqsConfig;
 use super::websocket::WebSocketConfig;
 pub(crate) use de::Spanned;
 use de::{Problem, from_node};
 use gateway::{GatewayYaml, convert_gateway};
 use node::Node;
+use rlqs::{RlqsYaml, convert_rlqs};
 use rules::{DescriptorYaml, convert_all};
 use websocket::{WebSocketYaml, convert_websocket};
 
@@ -52,6 +55,9 @@ struct FileYaml {
     /// Extension: the WebSocket gateway's upgrade and message limits.
     #[serde(default)]
     websocket: Option<Spanned<WebSocketYaml>>,
+    /// Extension: how Envoy's Rate Limit Quota Service divides this domain's limits.
+    #[serde(default)]
+    rlqs: Option<Spanned<RlqsYaml>>,
 }
 
 /// Where each rule of a parsed file is, by index path below the domain, for errors found
@@ -85,6 +91,8 @@ pub(crate) struct Parsed {
     pub(crate) gateway: Option<(GatewayConfig, (u64, u64))>,
     /// The `websocket` section, if any, with its position.
     pub(crate) websocket: Option<(WebSocketConfig, (u64, u64))>,
+    /// The `rlqs` section, if any.
+    pub(crate) rlqs: Option<RlqsConfig>,
 }
 
 /// Parses one file into its domain (and its sections), collecting every problem. Files it
@@ -150,6 +158,9 @@ pub(crate) fn parse(
         let node = root.find(&["websocket"]);
         convert_websocket(file, w.value, at, node, &mut checked, references).map(|w| (w, at))
     });
+    let rlqs = yaml
+        .rlqs
+        .and_then(|r| convert_rlqs(file, r.value, r.at, &mut checked));
     errors.extend(checked.into_iter().filter(|e| {
         !left_out.iter().any(|p| {
             p.field.as_deref().and_then(field_name) == e.field
@@ -163,6 +174,7 @@ pub(crate) fn parse(
             positions,
             gateway,
             websocket,
+            rlqs,
         })
     } else {
         Err(errors)

@@ -349,14 +349,12 @@ fn lines<'a>(
 /// The hops of `X-Forwarded-For`, right to left (the order they are walked in, so nothing is
 /// collected); `None` for one that is not an address.
 fn x_forwarded_for_from_the_right(headers: &HeaderMap) -> impl Iterator<Item = Option<IpAddr>> {
-    lines(headers, &X_FORWARDED_FOR)
-        .rev()
-        .flat_map(|line| {
-            let hops = line.map(|line| line.rsplit(',').map(|hop| parse_node(hop.trim())));
-            // A line that is not text is one unparsable hop.
-            let unparsable = line.is_none().then_some(None);
-            hops.into_iter().flatten().chain(unparsable)
-        })
+    lines(headers, &X_FORWARDED_FOR).rev().flat_map(|line| {
+        let hops = line.map(|line| line.rsplit(',').map(|hop| parse_node(hop.trim())));
+        // A line that is not text is one unparsable hop.
+        let unparsable = line.is_none().then_some(None);
+        hops.into_iter().flatten().chain(unparsable)
+    })
 }
 
 /// The `for=` of each element of `Forwarded` (RFC 7239), left to right; `None` for an element

@@ -164,6 +164,27 @@ impl Connection {
         header: &[String],
         args: &[u64],
     ) -> Result<Vec<i64>, StoreError> {
+        let reply = self.eval_value(script, keys, header, args).await?;
+        match reply {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::Int(i) => Ok(i),
+                    _ => Err(malformed()),
+                })
+                .collect(),
+            _ => Err(malformed()),
+        }
+    }
+
+    /// Runs `script` like [`Connection::eval`], answering its reply as it came.
+    pub(super) async fn eval_value(
+        &self,
+        script: &Script,
+        keys: &[String],
+        header: &[String],
+        args: &[u64],
+    ) -> Result<Value, StoreError> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&script.sha)
             .arg(keys.len())
@@ -182,17 +203,12 @@ impl Connection {
             }
             other => other,
         };
-        let reply = reply.map_err(convert)?;
-        match reply {
-            Value::Array(items) => items
-                .into_iter()
-                .map(|v| match v {
-                    Value::Int(i) => Ok(i),
-                    _ => Err(malformed()),
-                })
-                .collect(),
-            _ => Err(malformed()),
-        }
+        reply.map_err(convert)
+    }
+
+    /// Sends one command and answers its reply.
+    pub(super) async fn command(&self, cmd: &Cmd) -> Result<Value, StoreError> {
+        self.send(cmd).await.map_err(convert)
     }
 
     /// Deletes `keys` (all in one slot).

@@ -46,6 +46,7 @@
 
 mod batch;
 mod conn;
+mod ledger;
 mod script;
 
 use std::future::Future;
@@ -54,6 +55,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+pub use ledger::RedisLedger;
 pub use script::{UnsupportedQuota, check_quota};
 
 use self::batch::Job;
