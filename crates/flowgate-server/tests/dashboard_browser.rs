@@ -8,17 +8,13 @@
 //! unless `FLOWGATE_REQUIRE_CHROMIUM=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../../testing/chromium.rs"]
-mod chromium;
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use chromium::Chromium;
-use common::TestServer;
+use flowgate_testing::chromium::Chromium;
+use flowgate_testing::server::TestServer;
 
 const EDGE: &str = r#"
 domain: edge

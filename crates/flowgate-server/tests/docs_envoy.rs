@@ -8,9 +8,7 @@ use std::process::Command;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use serde_json::Value;
 
-mod common;
-
-use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
+use flowgate_testing::server::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 

@@ -3,11 +3,9 @@
 //! streaming both ways, hop-by-hop fields, requests it refuses, 502/504.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::upstream::*;
+use flowgate_testing::upstream::*;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;

@@ -3,11 +3,9 @@
 //! response fields and headers, several domains in several files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use flowgate_testing::server::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
 
 const EDGE: &str = r#"
 domain: edge

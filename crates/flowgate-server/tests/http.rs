@@ -2,9 +2,7 @@
 //! health, readiness, configuration and metrics.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::TestServer;
+use flowgate_testing::server::TestServer;
 
 const API: &str = r#"
 domain: api

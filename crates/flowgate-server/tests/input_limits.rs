@@ -5,17 +5,15 @@
 //! `websocket.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::upstream::{self, PASS_ALL, Upstream};
-use common::{TestServer, descriptor, request};
 use flowgate_server::api::limits::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DESCRIPTORS, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
 };
+use flowgate_testing::server::{TestServer, descriptor, request};
+use flowgate_testing::upstream::{self, PASS_ALL, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -35,7 +33,7 @@ fn check_body(descriptors: usize, entries: usize, key: &str, value: &str) -> Str
     format!(r#"{{"domain":"api","descriptors":[{descriptors}]}}"#)
 }
 
-fn assert_problem(response: &common::HttpResponse, status: u16, detail: &str) {
+fn assert_problem(response: &flowgate_testing::server::HttpResponse, status: u16, detail: &str) {
     assert_eq!(response.status, status, "{}", response.body);
     assert_eq!(
         response.header("content-type"),
@@ -136,12 +134,12 @@ async fn grpc_refuses_requests_beyond_the_bounds() {
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
     assert!(status.message().contains("too large"), "{status:?}");
     // The connection and the service are fine afterwards.
-    let ok = common::should(
+    let ok = flowgate_testing::server::should(
         &mut client,
         request("api", vec![descriptor(&[("user", "u")])]),
     )
     .await;
-    assert_eq!(ok.overall_code, common::OK);
+    assert_eq!(ok.overall_code, flowgate_testing::server::OK);
     server.stop().await;
 }
 

@@ -3,16 +3,14 @@
 //! with a JSON Schema validator), and every route of the document exercised.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use flowgate_server::api::AdminToken;
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::server::TestServer;
 use serde_json::Value;
 
 const TOKEN: &str = "openapi-test-token";

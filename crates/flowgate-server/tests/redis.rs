@@ -5,22 +5,17 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{
-    OK, OVER_LIMIT, TestServer, descriptor, free_port, http_get, http_post, request, should,
-};
 use flowgate::FailMode;
 use flowgate::store::RedisStore;
 use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::server::ServerConfig;
-use redis_support::{RedisCluster, RedisServer};
+use flowgate_testing::redis::{RedisCluster, RedisServer};
+use flowgate_testing::server::{
+    OK, OVER_LIMIT, TestServer, descriptor, free_port, http_get, http_post, request, should,
+};
 
 const SHARED: &str = r#"
 domain: shared

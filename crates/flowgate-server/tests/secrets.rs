@@ -4,18 +4,13 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{free_port, http_get, http_post};
-use redis_support::RedisServer;
+use flowgate_testing::redis::RedisServer;
+use flowgate_testing::server::{free_port, http_get, http_post};
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 const PASSWORD: &str = "Pw-7f3a9c1e-redis";

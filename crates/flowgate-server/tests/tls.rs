@@ -6,10 +6,6 @@
 //! cannot verify.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../../testing/pki.rs"]
-mod pki;
-
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,18 +14,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use common::upstream::PASS_ALL;
-use common::{TestServer, descriptor, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use flowgate_server::listen::ListenLimits;
 use flowgate_server::server::ServerConfig;
 use flowgate_server::tls::{CertificateFiles, ListenerTls, ServerCertificate, TlsListener};
+use flowgate_testing::pki::Pki;
+use flowgate_testing::server::{TestServer, descriptor, request};
+use flowgate_testing::upstream::PASS_ALL;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use pki::Pki;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -327,8 +323,8 @@ async fn the_gateway_serves_tls_and_forwards_to_an_https_upstream_it_can_verify(
 
     // With the system's roots the upstream's private CA is not trusted: 502, and the body
     // does not say why (the log does).
-    let server = common::upstream::gateway(PASS_ALL, &url).await;
-    let answer = common::upstream::get(&server, "/anything", &[]).await;
+    let server = flowgate_testing::upstream::gateway(PASS_ALL, &url).await;
+    let answer = flowgate_testing::upstream::get(&server, "/anything", &[]).await;
     assert_eq!(answer.status, 502);
     let body = String::from_utf8_lossy(&answer.body);
     assert!(!body.contains("certificate"), "{body}");
@@ -339,7 +335,7 @@ async fn the_gateway_serves_tls_and_forwards_to_an_https_upstream_it_can_verify(
 async fn the_websocket_gateway_serves_wss() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let upstream = common::ws::EchoUpstream::start().await;
+    let upstream = flowgate_testing::ws::EchoUpstream::start().await;
     let pki = Pki::new("wss CA");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("chat.yaml");
@@ -375,11 +371,6 @@ async fn the_websocket_gateway_serves_wss() {
     server.stop().await;
 }
 
-#[cfg(feature = "redis")]
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 /// The binary end to end: `flowgate serve` counting in a TLS-only Redis (`rediss://`,
 /// `--redis-ca-file`) and serving its HTTP API over TLS (`--tls-cert`, `--tls-key`,
 /// `--tls-listeners http`); files it cannot use stop it at start, naming the file.
@@ -393,9 +384,9 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
     let dir = tempfile::tempdir().unwrap();
     let (redis_cert, redis_key) = pki.leaf().write(dir.path(), "redis");
     let ca = pki.write_ca(dir.path());
-    let tls_port = common::free_port().port().to_string();
+    let tls_port = flowgate_testing::server::free_port().port().to_string();
     let s = |p: &std::path::Path| p.to_str().unwrap().to_owned();
-    let Some(redis) = redis_support::RedisServer::start_with(
+    let Some(redis) = flowgate_testing::redis::RedisServer::start_with(
         what,
         &[
             "--tls-port",
@@ -455,7 +446,10 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
     // server that exits saying so is started again on others.
     let (mut child, http) = 'started: {
         for _ in 0..3 {
-            let (http, grpc) = (common::free_port(), common::free_port());
+            let (http, grpc) = (
+                flowgate_testing::server::free_port(),
+                flowgate_testing::server::free_port(),
+            );
             let mut child = Command::new(FLOWGATE)
                 .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
                 .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])

@@ -5,17 +5,15 @@
 //! disconnect path releases the connection's state.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestServer;
-use common::ws::{EchoUpstream, Got, connect, is_error_frame, next, open, send};
 use flowgate_server::api::Service;
 use flowgate_server::backend::Backend;
 use flowgate_server::config;
 use flowgate_server::gateway::ws::{WsGateway, serve};
+use flowgate_testing::server::TestServer;
+use flowgate_testing::ws::{EchoUpstream, Got, connect, is_error_frame, next, open, send};
 
 /// A configuration with a `websocket` section relaying to `upstream`; `body` is indented
 /// under it.

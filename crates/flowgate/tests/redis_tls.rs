@@ -4,16 +4,12 @@
 //! speak TLS to clients and to each other (`--tls-cluster yes`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../../testing/pki.rs"]
-mod pki;
-
 use std::path::Path;
 
-use common::redis::{RedisCluster, RedisServer, free_port};
 use flowgate::store::{Ask, RedisStore, Store};
 use flowgate::{Algorithm, Quota};
-use pki::Pki;
+use flowgate_testing::pki::Pki;
+use flowgate_testing::redis::{RedisCluster, RedisServer, free_port};
 
 /// `redis-server` arguments for TLS on a free port with the files in `dir`.
 fn tls_args(dir: &Path, pki: &Pki, clients_need_certificates: bool) -> Vec<String> {

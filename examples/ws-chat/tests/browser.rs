@@ -8,16 +8,14 @@
 //! makes that a failure (CI sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../../testing/chromium.rs"]
-mod chromium;
 mod common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use chromium::Chromium;
 use common::Server;
 use example_ws_chat::Config;
+use flowgate_testing::chromium::Chromium;
 use serde_json::json;
 
 #[tokio::test]

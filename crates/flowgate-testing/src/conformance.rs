@@ -14,7 +14,7 @@ use flowgate::{Algorithm, Quota};
 use serde::Deserialize;
 
 /// The table, compiled into the test binary.
-pub const TABLE: &str = include_str!("../conformance/table.toml");
+pub const TABLE: &str = include_str!("../../flowgate/tests/conformance/table.toml");
 
 /// When traces start unless they say otherwise: 2023-11-15T00:00:00Z, a whole number of days
 /// since the epoch, so windows of a second, minute, hour or day start exactly there.

@@ -21,9 +21,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-pub mod upstream;
-pub mod ws;
-
 /// A running server and its temporary configuration directory.
 pub struct TestServer {
     pub http: SocketAddr,
@@ -270,10 +267,10 @@ fn exchange(addr: SocketAddr, request: &str) -> Option<String> {
     Some(response)
 }
 
-/// Reads until the peer closes (`Ok(bytes)`), within [`upstream::STEP`].
+/// Reads until the peer closes (`Ok(bytes)`), within [`crate::upstream::STEP`].
 pub async fn until_closed(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
     use tokio::io::AsyncReadExt;
-    let step = upstream::STEP;
+    let step = crate::upstream::STEP;
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -285,9 +282,9 @@ pub async fn until_closed(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
     }
 }
 
-/// Polls `series` until it is `value` (bounded by [`upstream::STEP`]).
+/// Polls `series` until it is `value` (bounded by [`crate::upstream::STEP`]).
 pub async fn wait_metric(server: &TestServer, series: &str, value: f64) {
-    let deadline = std::time::Instant::now() + upstream::STEP;
+    let deadline = std::time::Instant::now() + crate::upstream::STEP;
     loop {
         let now = server.metric(series).await;
         if now == value {

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::TestServer;
+use crate::server::TestServer;
 
 /// How long any single step may take before the test fails (never a timing assumption).
 pub const STEP: Duration = Duration::from_secs(10);
