@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use flowgate_server::api::AdminToken;
 use flowgate_server::server::ServerConfig;
-use flowgate_testing::server::{HttpResponse, TestServer, free_port, http_get};
+use flowgate_testing::http::http_get;
+use flowgate_testing::server::{HttpResponse, TestServer, free_port};
 
 const TOKEN: &str = "correct horse battery staple";
 
@@ -264,7 +265,7 @@ fn the_binary_takes_the_token_from_its_environment() {
         let request = format!(
             "GET /v1/keys/default/user=u HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
         );
-        let response = flowgate_testing::server::exchange_raw(http, &request).unwrap();
+        let response = flowgate_testing::http::exchange_raw(http, &request).unwrap();
         let _ = child.kill();
         let output = child.wait_with_output().unwrap();
         let log = String::from_utf8_lossy(&output.stderr);

@@ -7,7 +7,8 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flowgate_testing::server::{free_port, http_get};
+use flowgate_testing::http::http_get;
+use flowgate_testing::server::free_port;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
@@ -460,7 +461,7 @@ fn serve_takes_its_flags_from_flowgate_environment_variables_and_logs_json() {
         r#"{{"domain":"default","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
         "u".repeat(200)
     );
-    let answer = flowgate_testing::server::http_post(http, "/v1/check", &big);
+    let answer = flowgate_testing::http::http_post(http, "/v1/check", &big);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

@@ -1,5 +1,5 @@
 //! The dashboard in a real browser (headless Chromium over the DevTools protocol, through the
-//! workspace's one helper, `testing/chromium.rs`): while load with denials runs, `/dashboard`
+//! workspace's one helper, `flowgate_testing::chromium`): while load with denials runs, `/dashboard`
 //! must connect to its event stream, draw the chart, show a non-zero denied count and name
 //! the most limited key.
 //!

@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use flowgate_server::server::ServerConfig;
-use flowgate_testing::server::{TestServer, until_closed, wait_metric};
+use flowgate_testing::http::until_closed;
+use flowgate_testing::server::{TestServer, wait_metric};
 use flowgate_testing::upstream::*;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;

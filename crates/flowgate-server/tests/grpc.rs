@@ -5,7 +5,8 @@
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use flowgate_testing::server::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
+use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::server::TestServer;
 
 const EDGE: &str = r#"
 domain: edge

@@ -12,7 +12,8 @@ use flowgate_server::api::limits::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DESCRIPTORS, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
 };
-use flowgate_testing::server::{TestServer, descriptor, request};
+use flowgate_testing::grpc::{descriptor, request};
+use flowgate_testing::server::TestServer;
 use flowgate_testing::upstream::{self, PASS_ALL, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -134,12 +135,12 @@ async fn grpc_refuses_requests_beyond_the_bounds() {
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
     assert!(status.message().contains("too large"), "{status:?}");
     // The connection and the service are fine afterwards.
-    let ok = flowgate_testing::server::should(
+    let ok = flowgate_testing::grpc::should(
         &mut client,
         request("api", vec![descriptor(&[("user", "u")])]),
     )
     .await;
-    assert_eq!(ok.overall_code, flowgate_testing::server::OK);
+    assert_eq!(ok.overall_code, flowgate_testing::grpc::OK);
     server.stop().await;
 }
 

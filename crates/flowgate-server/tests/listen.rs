@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use flowgate_server::listen::ListenLimits;
 use flowgate_server::server::ServerConfig;
-use flowgate_testing::server::{TestServer, until_closed, wait_metric};
+use flowgate_testing::http::until_closed;
+use flowgate_testing::server::{TestServer, wait_metric};
 use flowgate_testing::upstream::{STEP, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -225,18 +226,18 @@ async fn the_grpc_and_http_apis_are_capped_too() {
             .await;
             // Freed slots serve gRPC again.
             let mut rls = server.rls().await;
-            let answer = flowgate_testing::server::should(
+            let answer = flowgate_testing::grpc::should(
                 &mut rls,
-                flowgate_testing::server::request(
+                flowgate_testing::grpc::request(
                     "edge",
-                    vec![flowgate_testing::server::descriptor(&[(
+                    vec![flowgate_testing::grpc::descriptor(&[(
                         "remote_address",
                         "a",
                     )])],
                 ),
             )
             .await;
-            assert_eq!(answer.overall_code, flowgate_testing::server::OK);
+            assert_eq!(answer.overall_code, flowgate_testing::grpc::OK);
         }
     }
     server.stop().await;

@@ -12,10 +12,10 @@ use flowgate::FailMode;
 use flowgate::store::RedisStore;
 use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::http::{http_get, http_post};
 use flowgate_testing::redis::{RedisCluster, RedisServer};
-use flowgate_testing::server::{
-    OK, OVER_LIMIT, TestServer, descriptor, free_port, http_get, http_post, request, should,
-};
+use flowgate_testing::server::{TestServer, free_port};
 
 const SHARED: &str = r#"
 domain: shared

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use flowgate_testing::server::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
+use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::server::TestServer;
 
 fn policy(user_limit: u64) -> String {
     format!(

@@ -9,8 +9,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use flowgate_testing::http::{http_get, http_post};
 use flowgate_testing::redis::RedisServer;
-use flowgate_testing::server::{free_port, http_get, http_post};
+use flowgate_testing::server::free_port;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 const PASSWORD: &str = "Pw-7f3a9c1e-redis";

@@ -1,5 +1,5 @@
 //! TLS with rustls, over real connections on loopback, with certificates each test makes
-//! (`testing/pki.rs`): the HTTP API, the gRPC API and the gateway serve TLS; the certificate
+//! (`flowgate_testing::pki`): the HTTP API, the gRPC API and the gateway serve TLS; the certificate
 //! is reloaded when its files change (and a broken file keeps the running one); a handshake
 //! that never comes is closed after the header read timeout and counted; plaintext to a TLS
 //! port is refused and counted; the gateway reaches `https://` upstreams and refuses one it
@@ -19,8 +19,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use flowgate_server::listen::ListenLimits;
 use flowgate_server::server::ServerConfig;
 use flowgate_server::tls::{CertificateFiles, ListenerTls, ServerCertificate, TlsListener};
+use flowgate_testing::grpc::{descriptor, request};
 use flowgate_testing::pki::Pki;
-use flowgate_testing::server::{TestServer, descriptor, request};
+use flowgate_testing::server::TestServer;
 use flowgate_testing::upstream::PASS_ALL;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};

@@ -1,14 +1,12 @@
 //! Headless Chromium driven over the DevTools protocol (a WebSocket; the client is
-//! tokio-tungstenite): the one browser helper of the workspace's tests, included by
-//! `examples/ws-chat/tests/browser.rs` and `crates/flowgate-server/tests/dashboard_browser.rs`
-//! with `#[path]`.
+//! tokio-tungstenite): the one browser helper of the workspace's tests, used by
+//! `examples/ws-chat/tests/browser.rs` and `crates/flowgate-server/tests/dashboard_browser.rs`.
 //!
 //! Chromium is looked for as `$FLOWGATE_CHROMIUM`, else `chromium`, `chromium-browser`,
 //! `google-chrome-stable` or `google-chrome` on `PATH` (Debian: `apt-get install chromium`).
 //! When it is missing or does not start, [`Chromium::start`] prints a loud message and
 //! answers `None` — unless `FLOWGATE_REQUIRE_CHROMIUM=1`, which makes that a panic (CI sets
 //! it).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -38,8 +36,9 @@ pub const FLAGS: &[&str] = &[
     "--remote-debugging-port=0",
 ];
 
-/// How long Chromium may take to start, and one DevTools call to answer.
+/// How long Chromium may take to start.
 pub const START: Duration = Duration::from_secs(30);
+/// How long one DevTools call may take to answer.
 pub const CALL: Duration = Duration::from_secs(15);
 
 /// Says loudly why the browser test does not run — or fails, when it is required.
@@ -226,6 +225,7 @@ impl Tab {
         }
     }
 
+    /// Opens `url` in the tab.
     pub async fn navigate(&mut self, url: &str) {
         self.call("Page.navigate", json!({"url": url}))
             .await

@@ -69,9 +69,17 @@ pub struct Step {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// `acquire(cost)` must return exactly this decision.
-    Acquire { cost: u64, expect: Expected },
+    Acquire {
+        /// Units asked for.
+        cost: u64,
+        /// What must come back.
+        expect: Expected,
+    },
     /// `refund(units)`.
-    Refund { units: u64 },
+    Refund {
+        /// Units given back.
+        units: u64,
+    },
     /// `reset()`.
     Reset,
 }
@@ -81,9 +89,13 @@ pub enum Op {
 pub enum Expected {
     /// A decision with these fields (limit is the quota's).
     Decision {
+        /// Whether the units were granted.
         allowed: bool,
+        /// Whole units left.
         remaining: u64,
+        /// Until the cost would be granted (zero when allowed).
         retry_after: Duration,
+        /// Until the state is fully replenished.
         reset_after: Duration,
     },
     /// `StoreError::Capacity`: the cost exceeds the burst.

@@ -1,5 +1,5 @@
 //! The conformance table on the memory store. Every other store runs the same table (see
-//! `tests/common/conformance.rs`); a store passes only if it returns exactly the decisions the
+//! `flowgate_testing::conformance`); a store passes only if it returns exactly the decisions the
 //! table lists.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,5 +1,5 @@
 //! `rediss://`: the Redis store over TLS (rustls), against real `redis-server` processes
-//! started with `--tls-port` and certificates the test makes (`testing/pki.rs`) — a single
+//! started with `--tls-port` and certificates the test makes (`flowgate_testing::pki`) — a single
 //! server (with and without client certificates) and a three-node Redis Cluster whose nodes
 //! speak TLS to clients and to each other (`--tls-cluster yes`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -3,7 +3,7 @@
 //! form, floods, and must show the rate-limited notice counting `retry_after_ms` down with the
 //! send button disabled, re-enable it at zero, and show the server's close code and reason.
 //!
-//! The browser comes from the workspace's one helper, `testing/chromium.rs`: without Chromium
+//! The browser comes from the workspace's one helper, `flowgate_testing::chromium`: without Chromium
 //! the test prints a loud message and passes — unless `FLOWGATE_REQUIRE_CHROMIUM=1`, which
 //! makes that a failure (CI sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
