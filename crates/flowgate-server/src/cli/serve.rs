@@ -367,7 +367,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             None => None,
             Some(addr) => match bind(addr).await {
                 Ok(listener) => {
-                    tracing::info!(websocket = %addr, "websocket gateway relaying");
+                    tracing::info!(websocket = %bound(&listener, addr), "websocket gateway relaying");
                     Some(listener)
                 }
                 Err(e) => {
@@ -376,28 +376,33 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
                 }
             },
         };
+        if let Some(tls) = &config.tls {
+            tracing::info!(listeners = ?tls.listeners, "serving TLS");
+        }
+        if let (Some(listener), Some(addr), Some(upstream)) = (&gateway, gateway_addr, &upstream) {
+            tracing::info!(gateway = %bound(listener, addr), %upstream, "gateway proxying");
+        }
+        // Signals are handled from here on (a SIGTERM or SIGHUP after the line below never
+        // kills the process by its default action).
+        let shutdown = server::shutdown_signal();
+        // Last, once every listener is bound; the addresses bound (`--http 127.0.0.1:0`: the
+        // port the system chose), which tests read.
         tracing::info!(
-            http = %args.http,
-            grpc = %args.grpc,
+            http = %bound(&http, args.http),
+            grpc = %bound(&grpc, args.grpc),
             rules = config.policy.rules.rules().len(),
             store = config.backend.kind(),
             dashboard = config.dashboard,
             admin = config.admin_token.is_some(),
             "flowgate serving"
         );
-        if let Some(tls) = &config.tls {
-            tracing::info!(listeners = ?tls.listeners, "serving TLS");
-        }
-        if let (Some(addr), Some(upstream)) = (gateway_addr, &upstream) {
-            tracing::info!(gateway = %addr, %upstream, "gateway proxying");
-        }
         let listeners = Listeners {
             http: Some(http),
             grpc: Some(grpc),
             gateway,
             websocket,
         };
-        match server::run(config, listeners, server::shutdown_signal()).await {
+        match server::run(config, listeners, shutdown).await {
             Ok(()) => {
                 tracing::info!("stopped");
                 ExitCode::SUCCESS
@@ -408,6 +413,11 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// The address `listener` is bound to (`asked` if the system cannot say).
+fn bound(listener: &TcpListener, asked: SocketAddr) -> SocketAddr {
+    listener.local_addr().unwrap_or(asked)
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
