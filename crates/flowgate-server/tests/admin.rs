@@ -5,12 +5,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flowgate_server::api::AdminToken;
 use flowgate_server::server::ServerConfig;
-use flowgate_testing::http::http_get;
-use flowgate_testing::server::{HttpResponse, TestServer, free_port};
+use flowgate_testing::binary::Serving;
+use flowgate_testing::server::{HttpResponse, TestServer};
 
 const TOKEN: &str = "correct horse battery staple";
 
@@ -240,35 +240,23 @@ async fn with_the_token_a_counter_is_inspected_and_reset() {
 #[test]
 fn the_binary_takes_the_token_from_its_environment() {
     for token in [Some(TOKEN), None] {
-        let (http, grpc) = (free_port(), free_port());
         let mut command = Command::new(env!("CARGO_BIN_EXE_flowgate"));
         command
-            .args([
-                "serve",
-                "--http",
-                &http.to_string(),
-                "--grpc",
-                &grpc.to_string(),
-            ])
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .env_remove("FLOWGATE_ADMIN_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stdout(Stdio::null());
         if let Some(token) = token {
             command.env("FLOWGATE_ADMIN_TOKEN", token);
         }
-        let mut child = command.spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(http, "/healthz").is_none() {
-            assert!(Instant::now() < deadline, "the server never came up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut serving = Serving::start(&mut command);
+        let http = serving.http;
         let request = format!(
             "GET /v1/keys/default/user=u HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
         );
         let response = flowgate_testing::http::exchange_raw(http, &request).unwrap();
-        let _ = child.kill();
-        let output = child.wait_with_output().unwrap();
-        let log = String::from_utf8_lossy(&output.stderr);
+        let _ = serving.child.kill();
+        serving.wait_exit(Duration::from_secs(10));
+        let log = serving.log();
         assert!(!log.contains(TOKEN), "the token is never logged: {log}");
         match token {
             Some(_) => assert!(response.starts_with("HTTP/1.1 200"), "{response}"),

@@ -385,13 +385,10 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
     let dir = tempfile::tempdir().unwrap();
     let (redis_cert, redis_key) = pki.leaf().write(dir.path(), "redis");
     let ca = pki.write_ca(dir.path());
-    let tls_port = flowgate_testing::server::free_port().port().to_string();
     let s = |p: &std::path::Path| p.to_str().unwrap().to_owned();
-    let Some(redis) = flowgate_testing::redis::RedisServer::start_with(
+    let Some(redis) = flowgate_testing::redis::RedisServer::start_tls(
         what,
         &[
-            "--tls-port",
-            &tls_port,
             "--tls-cert-file",
             &s(&redis_cert),
             "--tls-key-file",
@@ -407,7 +404,7 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
     let config = dir.path().join("edge.yaml");
     std::fs::write(&config, LIMITED).unwrap();
     let (cert, key) = pki.leaf().write(dir.path(), "server");
-    let redis_url = format!("rediss://localhost:{tls_port}");
+    let redis_url = format!("rediss://localhost:{}", redis.tls_port.unwrap());
 
     // Files it cannot use: exit 1 at start, naming the file.
     let stray = pki.leaf().write(dir.path(), "stray").1;
@@ -437,55 +434,21 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
         "{no_ca:?}"
     );
 
-    let log_path = dir.path().join("log");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let client = connector(&pki, &[b"http/1.1"]);
-    // Ports from free_port() may be taken by another test before the server binds them: a
-    // server that exits saying so is started again on others.
-    let (mut child, http) = 'started: {
-        for _ in 0..3 {
-            let (http, grpc) = (
-                flowgate_testing::server::free_port(),
-                flowgate_testing::server::free_port(),
-            );
-            let mut child = Command::new(FLOWGATE)
-                .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
-                .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
-                .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
-                .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
-                .args(["--tls-listeners", "http"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::fs::File::create(&log_path).unwrap())
-                .spawn()
-                .unwrap();
-            let up = runtime.block_on(async {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                loop {
-                    if tls_connect(&client, http).await.is_ok() {
-                        return true;
-                    }
-                    if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
-                        return false;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            });
-            if up {
-                break 'started (child, http);
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            assert!(
-                log.contains("cannot listen"),
-                "the server never came up:\n{log}"
-            );
-        }
-        panic!("no free ports in three tries");
-    };
+    let mut serving = flowgate_testing::binary::Serving::start(
+        Command::new(FLOWGATE)
+            .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
+            .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
+            .args(["--tls-listeners", "http"])
+            .stdout(std::process::Stdio::null()),
+    );
+    let http = serving.http;
     let answers = runtime.block_on(async {
         let (ready, body) = https_get(&client, http, "/readyz").await;
         assert_eq!(ready, 200, "{body}");
@@ -512,8 +475,7 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
         }
         statuses
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = serving.child.kill();
     assert_eq!(
         answers,
         [200, 200, 429],

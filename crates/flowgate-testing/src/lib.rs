@@ -4,9 +4,11 @@
 //! | module | what | feature |
 //! |---|---|---|
 //! | [`conformance`] | the conformance table (`crates/flowgate/tests/conformance/table.toml`) and its runner | — |
+//! | [`net`] | a port held closed; candidate ports for child processes that bind their own | — |
 //! | [`proxy`] | a TCP proxy on loopback that adds latency or holds traffic (fault tests) | — |
 //! | `redis` | real `redis-server` processes and Redis Clusters | `redis` |
 //! | `server` | a Flowgate server in-process on listeners bound to port 0 | `server` |
+//! | `binary` | the `flowgate` binary as a child process, on the ports it reports | `server` |
 //! | `grpc` | `ShouldRateLimit` requests | `server` |
 //! | `http` | raw HTTP/1.1 exchanges | `server` |
 //! | `upstream` | an HTTP upstream for the gateway, and the gateway's client | `server` |
@@ -21,6 +23,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "server")]
+pub mod binary;
 #[cfg(feature = "chromium")]
 pub mod chromium;
 pub mod conformance;
@@ -28,6 +32,7 @@ pub mod conformance;
 pub mod grpc;
 #[cfg(feature = "server")]
 pub mod http;
+pub mod net;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod proxy;

@@ -201,14 +201,6 @@ impl Drop for TestServer {
     }
 }
 
-/// A loopback address whose port was free a moment ago.
-pub fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// Polls `series` until it is `value` (bounded by [`crate::STEP`]).
 pub async fn wait_metric(server: &TestServer, series: &str, value: f64) {
     let deadline = std::time::Instant::now() + crate::STEP;
