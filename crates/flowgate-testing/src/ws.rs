@@ -167,6 +167,12 @@ pub async fn send(ws: &mut Ws, text: &str) {
     ws.send(Message::text(text.to_owned())).await.unwrap();
 }
 
+/// Sends a text message to a server that may have closed the connection meanwhile (a client
+/// that keeps sending after its close code): whether it could be sent.
+pub async fn try_send(ws: &mut Ws, text: &str) -> bool {
+    ws.send(Message::text(text.to_owned())).await.is_ok()
+}
+
 /// Whether `got` is an error frame of `scope`.
 pub fn is_error_frame(got: &Got, scope: &str) -> bool {
     match got {
