@@ -15,6 +15,7 @@
 //! | `ws` | a WebSocket echo upstream and WebSocket clients | `server` |
 //! | `pki` | a CA and leaf certificates made by each test | `pki` |
 //! | `chromium` | headless Chromium over the DevTools protocol | `chromium` |
+//! | `fuzzing` | the fuzz targets' entry points (`fuzz/`; the corpus replay test) | `fuzzing` |
 //!
 //! Tests that need a program that is absent (`redis-server`, Chromium) skip loudly, or fail
 //! when the matching `FLOWGATE_REQUIRE_*` variable is `1` (CI sets them).
@@ -28,6 +29,8 @@ pub mod binary;
 #[cfg(feature = "chromium")]
 pub mod chromium;
 pub mod conformance;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 #[cfg(feature = "server")]
 pub mod grpc;
 #[cfg(feature = "server")]

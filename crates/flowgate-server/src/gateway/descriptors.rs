@@ -11,10 +11,7 @@ use crate::config::gateway::{GatewayConfig, Source};
 /// request lacks (no such header, no valid bearer token, no such claim, no host) is skipped,
 /// as Envoy does; a header that is present but unusable as a key (not visible ASCII, longer
 /// than 256 bytes) rejects the request with 400.
-pub(crate) fn of_request(
-    config: &GatewayConfig,
-    parts: &Parts,
-) -> Result<Vec<Descriptor>, KeyRejection> {
+pub fn of_request(config: &GatewayConfig, parts: &Parts) -> Result<Vec<Descriptor>, KeyRejection> {
     let mut out = Vec::with_capacity(config.descriptors.len());
     'descriptors: for entries in &config.descriptors {
         let mut built = Vec::with_capacity(entries.len());

@@ -195,7 +195,7 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
     result
 }
 
-pub(crate) fn parse_check(
+pub fn parse_check(
     body: &[u8],
     limits: &InputLimits,
 ) -> Result<(String, Vec<Descriptor>, u64), Problem> {

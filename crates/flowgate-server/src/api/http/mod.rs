@@ -15,7 +15,9 @@
 //! is rendered by the one renderer ([`super::answer`]), as on gRPC and the gateway.
 
 pub(crate) mod admin;
-pub(crate) mod check;
+// Public (hidden) for the fuzz targets, `flowgate_testing::fuzzing`.
+#[doc(hidden)]
+pub mod check;
 pub(crate) mod config;
 
 use std::sync::Arc;
@@ -134,7 +136,8 @@ pub(crate) fn answer_response(answer: Answer) -> Response {
 }
 
 /// The `/json` request's domain, descriptors and hits, or the 400 for it.
-pub(crate) fn parse_json(
+#[doc(hidden)]
+pub fn parse_json(
     body: &[u8],
     limits: &InputLimits,
 ) -> Result<(String, Vec<flowgate::envoy::Descriptor>, u64), Problem> {
