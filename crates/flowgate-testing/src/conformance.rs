@@ -68,8 +68,8 @@ pub struct Step {
 /// A store call and what it must return.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
-    /// `acquire(cost)` must return exactly this decision.
-    Acquire {
+    /// `check` of `cost` must return exactly this decision.
+    Check {
         /// Units asked for.
         cost: u64,
         /// What must come back.
@@ -84,7 +84,7 @@ pub enum Op {
     Reset,
 }
 
-/// What an acquire must return.
+/// What a check must return.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Expected {
     /// A decision with these fields (limit is the quota's).
@@ -166,7 +166,7 @@ fn parse_step(raw: &[toml::Value], trace: &str) -> Step {
                 }
                 other => panic!("{trace}: unknown verdict {other:?}"),
             };
-            Op::Acquire { cost, expect }
+            Op::Check { cost, expect }
         }
         other => panic!("{trace}: unknown operation {other:?}"),
     };
@@ -237,7 +237,7 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
                 .reset(key, quota)
                 .await
                 .unwrap_or_else(|e| panic!("{}: reset failed: {e}", context())),
-            Op::Acquire { cost, expect } => {
+            Op::Check { cost, expect } => {
                 let actual = store.check(Ask::new(key, quota).cost(*cost)).await;
                 match (expect, actual) {
                     (Expected::CapacityError, Err(StoreError::Capacity(_))) => {}

@@ -88,7 +88,7 @@ async fn cluster_passes_the_conformance_table_and_admits_exactly_the_bound() {
     }
 }
 
-/// Calls `acquire` on `key` in a loop until `stop`; counts grants, transient errors, and any
+/// Calls `check` on `key` in a loop until `stop`; counts grants, transient errors, and any
 /// other error (there must be none). Panics in the store would fail the task.
 fn hammer(
     store: RedisStore,

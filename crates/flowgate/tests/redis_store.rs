@@ -47,7 +47,7 @@ async fn redis_store_passes_the_conformance_table() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// Move the clock forward (or back, when negative) by this many ns, then acquire `cost`.
+    /// Move the clock forward (or back, when negative) by this many ns, then check `cost`.
     Acquire {
         dt: i64,
         cost: u64,

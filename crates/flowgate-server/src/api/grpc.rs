@@ -66,7 +66,7 @@ impl RateLimitService for Rls {
 }
 
 /// Streams (calls) one client connection may have open at once; more are refused by HTTP/2
-/// HTTP/2 (`REFUSED_STREAM`). Envoy opens far fewer per connection.
+/// (`REFUSED_STREAM`). Envoy opens far fewer per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 
 /// Serves `service` (a tonic-generated gRPC server: [`Rls::server`], or the no-op's) over

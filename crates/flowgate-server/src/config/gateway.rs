@@ -20,7 +20,7 @@
 //! descriptors: ...                  # the rules the descriptors above are matched against
 //! ```
 //!
-//! The YAML is parsed in `yaml.rs` (with positions); this module holds the validated model.
+//! The YAML is parsed in `yaml/gateway.rs` (with positions); this module holds the validated model.
 
 use std::net::SocketAddr;
 use std::time::Duration;
