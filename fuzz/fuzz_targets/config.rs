@@ -1,4 +1,4 @@
-//! `flowgate_server::fuzzing::config` under libFuzzer.
+//! `flowgate_testing::fuzzing::config` under libFuzzer.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_server::fuzzing::config(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_testing::fuzzing::config(data));

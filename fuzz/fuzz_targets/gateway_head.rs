@@ -1,4 +1,4 @@
-//! `flowgate_server::fuzzing::gateway_head` under libFuzzer.
+//! `flowgate_testing::fuzzing::gateway_head` under libFuzzer.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_server::fuzzing::gateway_head(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_testing::fuzzing::gateway_head(data));

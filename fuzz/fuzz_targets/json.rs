@@ -1,4 +1,4 @@
-//! `flowgate_server::fuzzing::json` under libFuzzer.
+//! `flowgate_testing::fuzzing::json` under libFuzzer.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_server::fuzzing::json(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_testing::fuzzing::json(data));

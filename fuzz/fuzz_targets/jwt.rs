@@ -1,4 +1,4 @@
-//! `flowgate_server::fuzzing::jwt` under libFuzzer.
+//! `flowgate_testing::fuzzing::jwt` under libFuzzer.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_server::fuzzing::jwt(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_testing::fuzzing::jwt(data));

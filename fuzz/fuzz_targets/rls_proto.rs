@@ -1,4 +1,4 @@
-//! `flowgate_server::fuzzing::rls_proto` under libFuzzer.
+//! `flowgate_testing::fuzzing::rls_proto` under libFuzzer.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_server::fuzzing::rls_proto(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_testing::fuzzing::rls_proto(data));

@@ -1,4 +1,4 @@
-//! `flowgate_server::fuzzing::ws_message` under libFuzzer.
+//! `flowgate_testing::fuzzing::ws_message` under libFuzzer.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_server::fuzzing::ws_message(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| flowgate_testing::fuzzing::ws_message(data));

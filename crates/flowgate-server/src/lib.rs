@@ -22,8 +22,6 @@ pub mod cli;
 pub mod coalesce;
 pub mod config;
 pub mod dashboard;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
 pub mod gateway;
 pub mod listen;
 pub mod metrics;

@@ -335,24 +335,37 @@ async fn reload_task(
     Ok(())
 }
 
-/// Completes on ctrl-c or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on ctrl-c or SIGTERM. SIGTERM's handler is installed when this is called, not
+/// when the future is first polled: from then on a SIGTERM is never lost nor fatal (call it
+/// before announcing that the server serves). Also installs SIGHUP's handler, so that a SIGHUP
+/// that comes before the reload watcher listens does not kill the process either.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    let term = {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Err(e) = signal(SignalKind::hangup()) {
+            tracing::warn!("cannot handle SIGHUP: {e}");
         }
+        signal(SignalKind::terminate())
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            () = ctrl_c => {},
+            () = term => {},
+        }
     }
 }

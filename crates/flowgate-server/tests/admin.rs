@@ -4,14 +4,13 @@
 //! unset — through `ServerConfig` and through the binary's environment.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{HttpResponse, TestServer, free_port, http_get};
 use flowgate_server::api::AdminToken;
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::binary::Serving;
+use flowgate_testing::server::{HttpResponse, TestServer};
 
 const TOKEN: &str = "correct horse battery staple";
 
@@ -241,35 +240,23 @@ async fn with_the_token_a_counter_is_inspected_and_reset() {
 #[test]
 fn the_binary_takes_the_token_from_its_environment() {
     for token in [Some(TOKEN), None] {
-        let (http, grpc) = (free_port(), free_port());
         let mut command = Command::new(env!("CARGO_BIN_EXE_flowgate"));
         command
-            .args([
-                "serve",
-                "--http",
-                &http.to_string(),
-                "--grpc",
-                &grpc.to_string(),
-            ])
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .env_remove("FLOWGATE_ADMIN_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stdout(Stdio::null());
         if let Some(token) = token {
             command.env("FLOWGATE_ADMIN_TOKEN", token);
         }
-        let mut child = command.spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(http, "/healthz").is_none() {
-            assert!(Instant::now() < deadline, "the server never came up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut serving = Serving::start(&mut command);
+        let http = serving.http;
         let request = format!(
             "GET /v1/keys/default/user=u HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
         );
-        let response = common::exchange_raw(http, &request).unwrap();
-        let _ = child.kill();
-        let output = child.wait_with_output().unwrap();
-        let log = String::from_utf8_lossy(&output.stderr);
+        let response = flowgate_testing::http::exchange_raw(http, &request).unwrap();
+        let _ = serving.child.kill();
+        serving.wait_exit(Duration::from_secs(10));
+        let log = serving.log();
         assert!(!log.contains(TOKEN), "the token is never logged: {log}");
         match token {
             Some(_) => assert!(response.starts_with("HTTP/1.1 200"), "{response}"),
@@ -278,48 +265,22 @@ fn the_binary_takes_the_token_from_its_environment() {
     }
 }
 
-/// `flowgate serve` with `FLOWGATE_ADMIN_TOKEN=token`, its stderr to a file; waits for
-/// `/healthz`. The child, its HTTP address and the log file.
-fn serve_with_token(
-    token: &str,
-    dir: &std::path::Path,
-) -> (
-    std::process::Child,
-    std::net::SocketAddr,
-    std::path::PathBuf,
-) {
-    let (http, grpc) = (free_port(), free_port());
-    let log = dir.join("stderr.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flowgate"))
-        .args([
-            "serve",
-            "--http",
-            &http.to_string(),
-            "--grpc",
-            &grpc.to_string(),
-        ])
-        .env("FLOWGATE_ADMIN_TOKEN", token)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(http, "/healthz").is_none() {
-        if let Some(exit) = child.try_wait().unwrap() {
-            panic!("exited {exit}: {}", std::fs::read_to_string(&log).unwrap());
-        }
-        assert!(Instant::now() < deadline, "the server never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, http, log)
+/// `flowgate serve` with `FLOWGATE_ADMIN_TOKEN=token` on ports the system picks, serving.
+fn serve_with_token(token: &str) -> Serving {
+    Serving::start(
+        Command::new(env!("CARGO_BIN_EXE_flowgate"))
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .env("FLOWGATE_ADMIN_TOKEN", token)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null()),
+    )
 }
 
 fn admin_get(http: std::net::SocketAddr, token: &str) -> String {
     let request = format!(
         "GET /v1/keys/default/user=u HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     );
-    common::exchange_raw(http, &request).unwrap()
+    flowgate_testing::http::exchange_raw(http, &request).unwrap()
 }
 
 /// A token too short to be safe, or one no header could carry, stops the server before it
@@ -340,15 +301,8 @@ fn a_short_or_unusable_token_stops_the_server_with_an_error_that_never_shows_it(
             "FLOWGATE_ADMIN_TOKEN has a byte that an HTTP header cannot carry",
         ),
     ] {
-        let (http, grpc) = (free_port(), free_port());
         let out = Command::new(env!("CARGO_BIN_EXE_flowgate"))
-            .args([
-                "serve",
-                "--http",
-                &http.to_string(),
-                "--grpc",
-                &grpc.to_string(),
-            ])
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .env("FLOWGATE_ADMIN_TOKEN", token)
             .env("RUST_LOG", "debug")
             .output()
@@ -357,7 +311,7 @@ fn a_short_or_unusable_token_stops_the_server_with_an_error_that_never_shows_it(
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(log.contains(says), "{token:?}: {log}");
         assert!(!log.contains("Hunter2"), "the token is shown: {log}");
-        assert!(http_get(http, "/healthz").is_none(), "nothing was served");
+        assert!(!log.contains("flowgate serving"), "it served: {log}");
     }
 }
 
@@ -365,14 +319,12 @@ fn a_short_or_unusable_token_stops_the_server_with_an_error_that_never_shows_it(
 /// present: it is removed, the log says so (not the token), and the token works.
 #[test]
 fn a_token_with_a_trailing_newline_is_trimmed_said_so_and_works() {
-    let dir = tempfile::tempdir().unwrap();
     for stored in [format!("{TOKEN}\n"), format!("{TOKEN}\r\n")] {
-        let (mut child, http, log) = serve_with_token(&stored, dir.path());
-        let answer = admin_get(http, TOKEN);
-        let _ = child.kill();
-        let _ = child.wait();
+        let served = serve_with_token(&stored);
+        let answer = admin_get(served.http, TOKEN);
+        let log = served.log();
+        drop(served);
         assert!(answer.starts_with("HTTP/1.1 200"), "{stored:?}: {answer}");
-        let log = std::fs::read_to_string(&log).unwrap();
         let line = log
             .lines()
             .find(|l| l.contains("surrounding whitespace removed"))
@@ -389,8 +341,8 @@ fn a_token_with_a_trailing_newline_is_trimmed_said_so_and_works() {
 /// so that a flood of wrong tokens cannot flood the log.
 #[test]
 fn refused_admin_attempts_are_logged_with_the_client_address_and_cannot_flood_the_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut child, http, log) = serve_with_token(TOKEN, dir.path());
+    let served = serve_with_token(TOKEN);
+    let http = served.http;
     let started = Instant::now();
     let attempts = 60;
     for i in 0..attempts {
@@ -399,16 +351,15 @@ fn refused_admin_attempts_are_logged_with_the_client_address_and_cannot_flood_th
     }
     let request = "GET /v1/keys/default/user=u HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     assert!(
-        common::exchange_raw(http, request)
+        flowgate_testing::http::exchange_raw(http, request)
             .unwrap()
             .starts_with("HTTP/1.1 401")
     );
     let elapsed = started.elapsed();
     // Flushed as written; give the last line a moment.
     std::thread::sleep(Duration::from_millis(100));
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = std::fs::read_to_string(&log).unwrap();
+    let log = served.log();
+    drop(served);
     let refused: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("admin: refused"))

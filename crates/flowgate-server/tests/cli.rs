@@ -7,9 +7,9 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::{free_port, http_get};
+use flowgate_testing::binary::Serving;
+use flowgate_testing::http::http_get;
+use flowgate_testing::net::ClosedPort;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
@@ -219,24 +219,12 @@ fn serve_listens_on_a_host_name() {
 
 #[test]
 fn serve_with_the_builtin_policy_then_sigterm_finishes_in_flight_calls_and_exits_0() {
-    let (http, grpc) = (free_port(), free_port());
-    let mut child = Command::new(FLOWGATE)
-        .args([
-            "serve",
-            "--http",
-            &http.to_string(),
-            "--grpc",
-            &grpc.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(http, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "the server never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut serving = Serving::start(
+        Command::new(FLOWGATE)
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .stdout(Stdio::null()),
+    );
+    let http = serving.http;
     // The built-in policy: domain `default`.
     let config = http_get(http, "/v1/config").unwrap();
     assert!(config.contains("\"domains\":[\"default\"]"), "{config}");
@@ -282,19 +270,8 @@ fn serve_with_the_builtin_policy_then_sigterm_finishes_in_flight_calls_and_exits
         })
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    serving.signal("TERM");
+    let exit = serving.wait_exit(Duration::from_secs(10));
     assert!(exit.success(), "{exit:?}");
     let completed: i32 = callers.into_iter().map(|c| c.join().unwrap().0).sum();
     assert!(completed > 0);
@@ -343,24 +320,15 @@ fn serve_refuses_an_upstream_it_cannot_use() {
 
 #[test]
 fn sighup_with_the_builtin_policy_does_not_kill_the_server() {
-    let (http, grpc) = (free_port(), free_port());
-    let mut child = Command::new(FLOWGATE)
-        .args([
-            "serve",
-            "--http",
-            &http.to_string(),
-            "--grpc",
-            &grpc.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(http, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "the server never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut serving = Serving::start(
+        Command::new(FLOWGATE)
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .stdout(Stdio::null()),
+    );
+    let (http, child) = (serving.http, &mut serving.child);
+    // Signals no longer kill it once it serves; an answer means its tasks, the reload watcher's
+    // included, have started.
+    assert!(http_get(http, "/healthz").unwrap().contains("ok"));
     for _ in 0..3 {
         let status = Command::new("kill")
             .args(["-HUP", &child.id().to_string()])
@@ -374,18 +342,9 @@ fn sighup_with_the_builtin_policy_does_not_kill_the_server() {
         );
     }
     assert!(http_get(http, "/healthz").unwrap().contains("ok"));
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    serving.signal("TERM");
+    assert!(serving.wait_exit(Duration::from_secs(10)).success());
+    let log = serving.log();
     assert_eq!(
         log.matches("SIGHUP: no configuration file to reload")
             .count(),
@@ -429,37 +388,15 @@ fn streaming_upstream() -> (
 }
 
 /// Runs the binary as a gateway in front of `upstream` with the given drain and grace periods.
-fn gateway_child(
-    upstream: std::net::SocketAddr,
-    drain: &str,
-    grace: &str,
-) -> (
-    std::process::Child,
-    std::net::SocketAddr,
-    std::net::SocketAddr,
-) {
-    let (http, grpc, gateway) = (free_port(), free_port(), free_port());
-    let child = Command::new(FLOWGATE)
-        .args([
-            "serve",
-            "--http",
-            &http.to_string(),
-            "--grpc",
-            &grpc.to_string(),
-        ])
-        .args(["--upstream", &format!("http://{upstream}")])
-        .args(["--gateway", &gateway.to_string()])
-        .args(["--drain-period", drain, "--grace-period", grace])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(http, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "the server never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, http, gateway)
+fn gateway_child(upstream: std::net::SocketAddr, drain: &str, grace: &str) -> Serving {
+    Serving::start(
+        Command::new(FLOWGATE)
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(["--upstream", &format!("http://{upstream}")])
+            .args(["--gateway", "127.0.0.1:0"])
+            .args(["--drain-period", drain, "--grace-period", grace])
+            .stdout(Stdio::null()),
+    )
 }
 
 /// Opens a response through the gateway and reads its head and first 5 body bytes.
@@ -484,38 +421,17 @@ fn open_stream(gateway: std::net::SocketAddr, got: &std::sync::mpsc::Receiver<()
     client
 }
 
-fn sigterm(child: &std::process::Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            return exit;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("no exit within {within:?} of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn sigterm_drains_then_stops_accepting_and_finishes_a_stream_in_flight() {
     let (upstream, got, release) = streaming_upstream();
-    let (mut child, http, gateway) = gateway_child(upstream, "1500ms", "20s");
+    let mut serving = gateway_child(upstream, "1500ms", "20s");
+    let (http, gateway) = (serving.http, serving.gateway.unwrap());
     let ready = http_get(http, "/readyz").unwrap();
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     let mut client = open_stream(gateway, &got);
 
     let signalled = Instant::now();
-    sigterm(&child);
+    serving.signal("TERM");
     // During the drain period: still serving, but unready.
     let deadline = Instant::now() + Duration::from_secs(10);
     let unready = loop {
@@ -531,7 +447,7 @@ fn sigterm_drains_then_stops_accepting_and_finishes_a_stream_in_flight() {
         signalled.elapsed() < Duration::from_millis(1500),
         "the drain period was over before /readyz failed; the test proves nothing"
     );
-    assert!(child.try_wait().unwrap().is_none());
+    assert!(serving.child.try_wait().unwrap().is_none());
 
     // After it: the listeners close, the stream in flight carries on.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -544,7 +460,7 @@ fn sigterm_drains_then_stops_accepting_and_finishes_a_stream_in_flight() {
         "stopped accepting before the drain period ended"
     );
     assert!(
-        child.try_wait().unwrap().is_none(),
+        serving.child.try_wait().unwrap().is_none(),
         "exited with a stream in flight"
     );
     release.send(()).unwrap();
@@ -555,7 +471,7 @@ fn sigterm_drains_then_stops_accepting_and_finishes_a_stream_in_flight() {
         assert!(n > 0, "the stream was cut: {rest:?}");
         rest.extend_from_slice(&buf[..n]);
     }
-    let exit = wait_exit(&mut child, Duration::from_secs(10));
+    let exit = serving.wait_exit(Duration::from_secs(10));
     assert_eq!(exit.code(), Some(0), "{exit:?}");
     assert!(http_get(http, "/healthz").is_none(), "no longer accepting");
 }
@@ -563,11 +479,11 @@ fn sigterm_drains_then_stops_accepting_and_finishes_a_stream_in_flight() {
 #[test]
 fn sigterm_closes_what_outlives_the_grace_period_and_still_exits_0() {
     let (upstream, got, release) = streaming_upstream();
-    let (mut child, _http, gateway) = gateway_child(upstream, "0s", "500ms");
-    let mut client = open_stream(gateway, &got);
+    let mut serving = gateway_child(upstream, "0s", "500ms");
+    let mut client = open_stream(serving.gateway.unwrap(), &got);
     let signalled = Instant::now();
-    sigterm(&child);
-    let exit = wait_exit(&mut child, Duration::from_secs(10));
+    serving.signal("TERM");
+    let exit = serving.wait_exit(Duration::from_secs(10));
     assert_eq!(exit.code(), Some(0), "{exit:?}");
     assert!(
         signalled.elapsed() >= Duration::from_millis(500),
@@ -581,44 +497,26 @@ fn sigterm_closes_what_outlives_the_grace_period_and_still_exits_0() {
 
 #[test]
 fn serve_takes_its_flags_from_flowgate_environment_variables_and_logs_json() {
-    let (http, grpc) = (free_port(), free_port());
-    let mut child = Command::new(FLOWGATE)
-        .arg("serve")
-        .env("FLOWGATE_HTTP", http.to_string())
-        .env("FLOWGATE_GRPC", grpc.to_string())
-        .env("FLOWGATE_MAX_BODY_BYTES", "100")
-        .env("FLOWGATE_DRAIN_PERIOD", "0s")
-        .env("FLOWGATE_LOG_FORMAT", "json")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(http, "/healthz").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the server never came up on FLOWGATE_HTTP"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut serving = Serving::start(
+        Command::new(FLOWGATE)
+            .arg("serve")
+            .env("FLOWGATE_HTTP", "127.0.0.1:0")
+            .env("FLOWGATE_GRPC", "127.0.0.1:0")
+            .env("FLOWGATE_MAX_BODY_BYTES", "100")
+            .env("FLOWGATE_DRAIN_PERIOD", "0s")
+            .env("FLOWGATE_LOG_FORMAT", "json")
+            .stdout(Stdio::null()),
+    );
+    let http = serving.http;
     let big = format!(
         r#"{{"domain":"default","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
         "u".repeat(200)
     );
-    let answer = common::http_post(http, "/v1/check", &big);
+    let answer = flowgate_testing::http::http_post(http, "/v1/check", &big);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    serving.signal("TERM");
+    assert!(serving.wait_exit(Duration::from_secs(10)).success());
+    let log = serving.log();
     let lines: Vec<serde_json::Value> = log
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
@@ -634,38 +532,20 @@ fn serve_takes_its_flags_from_flowgate_environment_variables_and_logs_json() {
 #[test]
 fn the_access_log_has_one_line_per_gateway_request_without_the_query() {
     // Nothing listens upstream: the request is answered 502, and logged.
-    let (http, grpc, gateway, upstream) = (free_port(), free_port(), free_port(), free_port());
-    let mut child = Command::new(FLOWGATE)
-        .args([
-            "serve",
-            "--http",
-            &http.to_string(),
-            "--grpc",
-            &grpc.to_string(),
-        ])
-        .args(["--upstream", &format!("http://{upstream}")])
-        .args(["--gateway", &gateway.to_string(), "--drain-period", "0s"])
-        .args(["--access-log", "--log-format", "json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(http, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "the server never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let answer = http_get(gateway, "/orders/7?token=s3cr3t").unwrap();
+    let upstream = ClosedPort::new();
+    let mut serving = Serving::start(
+        Command::new(FLOWGATE)
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(["--upstream", &format!("http://{}", upstream.addr())])
+            .args(["--gateway", "127.0.0.1:0", "--drain-period", "0s"])
+            .args(["--access-log", "--log-format", "json"])
+            .stdout(Stdio::null()),
+    );
+    let answer = http_get(serving.gateway.unwrap(), "/orders/7?token=s3cr3t").unwrap();
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
-    sigterm(&child);
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    serving.signal("TERM");
+    assert!(serving.wait_exit(Duration::from_secs(10)).success());
+    let log = serving.log();
     let access: Vec<serde_json::Value> = log
         .lines()
         .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())

@@ -4,9 +4,8 @@
 //! spends nothing; `application/json` (which needs a preflight the API never grants) works.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{TestServer, exchange_raw};
+use flowgate_testing::http::exchange_raw;
+use flowgate_testing::server::TestServer;
 
 const API: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 

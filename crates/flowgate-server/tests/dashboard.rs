@@ -3,18 +3,16 @@
 //! the last reload's result, which a restored file clears.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-use common::TestServer;
 use flowgate_server::api::AdminToken;
 use flowgate_server::dashboard::{MAX_PER_CLIENT, MAX_SUBSCRIBERS, RESERVED_FOR_ADMIN};
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::server::TestServer;
 
 const TOKEN: &str = "dashboard-test-admin-token";
 

@@ -1,5 +1,5 @@
 //! The dashboard in a real browser (headless Chromium over the DevTools protocol, through the
-//! workspace's one helper, `testing/chromium.rs`): while load with denials runs, `/dashboard`
+//! workspace's one helper, `flowgate_testing::chromium`): while load with denials runs, `/dashboard`
 //! must connect to its event stream, draw the chart, show a non-zero denied count and name
 //! the most limited key — under its Content-Security-Policy, which the browser enforces (an
 //! inline script does not run). With every event stream its address may open taken, the page
@@ -10,17 +10,13 @@
 //! unless `FLOWGATE_REQUIRE_CHROMIUM=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../../testing/chromium.rs"]
-mod chromium;
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use chromium::Chromium;
-use common::TestServer;
+use flowgate_testing::chromium::Chromium;
+use flowgate_testing::server::TestServer;
 
 const EDGE: &str = r#"
 domain: edge

@@ -8,9 +8,8 @@ use std::process::Command;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use serde_json::Value;
 
-mod common;
-
-use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
+use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::server::TestServer;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 

@@ -15,9 +15,7 @@ use flowgate::rlqs::client::Strategy;
 use flowgate_server::rlqs::bucket::read_action;
 use serde_json::Value;
 
-mod common;
-
-use common::TestServer;
+use flowgate_testing::server::TestServer;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 

@@ -5,14 +5,10 @@
 //! four front ends of the service.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use common::upstream::{Upstream, client};
-use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
 use flowgate::clock::ManualClock;
 use flowgate::http::key::Global;
 use flowgate::http::{Limit, Limits, RateLimitLayer};
@@ -20,6 +16,9 @@ use flowgate::store::{Ask, FallbackStore, Store, StoreError};
 use flowgate::{Decision, FailMode, Quota, RateLimiter};
 use flowgate_server::backend::Backend;
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::server::TestServer;
+use flowgate_testing::upstream::{Upstream, client};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;

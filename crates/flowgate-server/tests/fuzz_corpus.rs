@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flowgate_server::fuzzing;
+use flowgate_testing::fuzzing;
 
 /// A fuzz target's entry point.
 type Entry = fn(&[u8]);

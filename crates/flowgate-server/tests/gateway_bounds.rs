@@ -4,13 +4,12 @@
 //! aborted midway gives its upstream connection back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::upstream::*;
-use common::{TestServer, until_closed, wait_metric};
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::http::until_closed;
+use flowgate_testing::server::{TestServer, wait_metric};
+use flowgate_testing::upstream::*;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;

@@ -2,15 +2,13 @@
 //! whose source is missing, each rule's fail mode when the store is away, and reloads.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestServer;
-use common::upstream::*;
 use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::server::TestServer;
+use flowgate_testing::upstream::*;
 use http_body_util::Full;
 use hyper::Request;
 

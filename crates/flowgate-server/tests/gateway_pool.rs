@@ -2,11 +2,9 @@
 //! replaced, idle ones let go — counted by a real upstream.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::upstream::*;
+use flowgate_testing::upstream::*;
 use http_body_util::Full;
 use hyper::Request;
 

@@ -3,15 +3,12 @@
 //! streaming both ways, hop-by-hop fields, requests it refuses, 502/504.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::upstream::*;
+use flowgate_testing::upstream::*;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;
-use tokio::net::TcpListener;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_requests_reach_the_upstream_intact() {
@@ -195,10 +192,9 @@ async fn requests_without_host_or_for_a_tunnel_are_refused_with_problems() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_upstream_is_a_502_problem() {
-    // A port that nothing listens on any more.
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = closed.local_addr().unwrap();
-    drop(closed);
+    // A port that nothing listens on.
+    let closed = flowgate_testing::net::ClosedPort::new();
+    let addr = closed.addr();
     let server = gateway(PASS_ALL, &format!("http://{addr}")).await;
     let answer = get(&server, "/", &[]).await;
     assert_eq!(answer.status, 502);

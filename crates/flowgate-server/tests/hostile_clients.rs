@@ -8,12 +8,10 @@
 //! request to the upstream, and slow connections do not slow other clients down.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::upstream::{self, PASS_ALL, STEP, Upstream};
+use flowgate_testing::upstream::{self, PASS_ALL, STEP, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

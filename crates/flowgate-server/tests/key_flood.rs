@@ -12,16 +12,15 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, descriptor, request};
 use flowgate::clock::PreciseClock;
 use flowgate::store::MemoryStore;
 use flowgate_server::backend::Backend;
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::grpc::{descriptor, request};
+use flowgate_testing::server::TestServer;
 
 /// Flood keys stay active for hours after one hit (a year's quota of 1,000), so a full store
 /// must evict active keys; the steady key's quota is 500 a year, so after 500 admissions
@@ -83,7 +82,7 @@ async fn phase(
                 .expect("an answer within 10 s")
                 .unwrap()
                 .into_inner();
-                if response.statuses[PER_REQUEST].code == common::OK {
+                if response.statuses[PER_REQUEST].code == flowgate_testing::grpc::OK {
                     admitted += 1;
                 }
             }

@@ -3,14 +3,13 @@
 //! or keeps an idle keep-alive connection, is closed after the header read timeout and counted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::upstream::{STEP, Upstream};
-use common::{TestServer, until_closed, wait_metric};
 use flowgate_server::listen::ListenLimits;
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::http::until_closed;
+use flowgate_testing::server::{TestServer, wait_metric};
+use flowgate_testing::upstream::{STEP, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -227,12 +226,18 @@ async fn the_grpc_and_http_apis_are_capped_too() {
             .await;
             // Freed slots serve gRPC again.
             let mut rls = server.rls().await;
-            let answer = common::should(
+            let answer = flowgate_testing::grpc::should(
                 &mut rls,
-                common::request("edge", vec![common::descriptor(&[("remote_address", "a")])]),
+                flowgate_testing::grpc::request(
+                    "edge",
+                    vec![flowgate_testing::grpc::descriptor(&[(
+                        "remote_address",
+                        "a",
+                    )])],
+                ),
             )
             .await;
-            assert_eq!(answer.overall_code, common::OK);
+            assert_eq!(answer.overall_code, flowgate_testing::grpc::OK);
         }
     }
     server.stop().await;

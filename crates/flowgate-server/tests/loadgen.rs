@@ -1,12 +1,10 @@
 //! `flowgate loadgen` against a real server, over every protocol.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use clap::Parser;
-use common::TestServer;
 use flowgate_server::cli::loadgen::measure;
 use flowgate_server::cli::{Cli, Command, LoadgenArgs};
+use flowgate_testing::server::TestServer;
 
 const POLICY: &str = "domain: lg\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}\n";
 

@@ -3,17 +3,10 @@
 //! a line when the Redis circuit breaker opens (WARN) and when it closes (INFO).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
 #[cfg(feature = "redis")]
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use common::{free_port, http_get};
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
@@ -28,11 +21,10 @@ struct Served {
 impl Served {
     /// Starts `flowgate serve` with `args` (besides the listeners) and waits for `/healthz`.
     fn start(args: &[&str], dir: tempfile::TempDir) -> Served {
-        let (http, grpc) = (free_port(), free_port());
         let log = dir.path().join("stderr.log");
         let child = Command::new(FLOWGATE)
             .arg("serve")
-            .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(["--drain-period", "0s"])
             .args(args)
             .env_remove("RUST_LOG")
@@ -41,11 +33,23 @@ impl Served {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(http, "/healthz").is_none() {
-            assert!(Instant::now() < deadline, "the server never came up");
+        // The server logs the addresses it bound, last, once it serves.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let http = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(addr) = text
+                .lines()
+                .find(|l| l.contains("flowgate serving"))
+                .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("http=")))
+            {
+                break addr.parse().unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server never served:\n{text}"
+            );
             std::thread::sleep(Duration::from_millis(20));
-        }
+        };
         Served {
             child,
             http,
@@ -161,7 +165,7 @@ fn every_sighup_is_answered_in_the_log_at_info_also_when_nothing_changed() {
 #[cfg(feature = "redis")]
 #[test]
 fn the_redis_circuit_breaker_says_when_it_opens_and_when_it_closes() {
-    let Some(mut redis) = redis_support::RedisServer::start(
+    let Some(mut redis) = flowgate_testing::redis::RedisServer::start(
         "the_redis_circuit_breaker_says_when_it_opens_and_when_it_closes",
     ) else {
         return;
@@ -174,7 +178,7 @@ fn the_redis_circuit_breaker_says_when_it_opens_and_when_it_closes() {
     let check = r#"{"domain":"default","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
     let http = served.http;
     let ask = || {
-        common::http_post(http, "/v1/check", check);
+        flowgate_testing::http::http_post(http, "/v1/check", check);
     };
     ask();
     assert!(

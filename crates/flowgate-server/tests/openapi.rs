@@ -3,16 +3,14 @@
 //! with a JSON Schema validator), and every route of the document exercised.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use flowgate_server::api::AdminToken;
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::server::TestServer;
 use serde_json::Value;
 
 const TOKEN: &str = "openapi-test-token";
@@ -299,7 +297,7 @@ async fn every_response_of_the_running_server_matches_openapi_json() {
             "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
-        let response = common::exchange_raw(server.http, &request).unwrap();
+        let response = flowgate_testing::http::exchange_raw(server.http, &request).unwrap();
         let (head, body) = response.split_once("\r\n\r\n").unwrap();
         let status: u16 = head[9..12].parse().unwrap();
         assert_eq!(status, 415, "{response}");

@@ -5,22 +5,19 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{
-    OK, OVER_LIMIT, TestServer, descriptor, free_port, http_get, http_post, request, should,
-};
 use flowgate::FailMode;
 use flowgate::store::RedisStore;
 use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::server::ServerConfig;
-use redis_support::{RedisCluster, RedisServer};
+use flowgate_testing::binary::Serving;
+use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::http::{http_get, http_post};
+use flowgate_testing::net::ClosedPort;
+use flowgate_testing::redis::{RedisCluster, RedisServer};
+use flowgate_testing::server::TestServer;
 
 const SHARED: &str = r#"
 domain: shared
@@ -384,57 +381,32 @@ fn the_binary_counts_in_redis_with_the_redis_flag_and_refuses_to_start_without_i
     let Some(redis) = RedisServer::start("the_binary_counts_in_redis_with_the_redis_flag") else {
         return;
     };
-    // Nothing listens on a just-freed port: a clear error and exit code 1.
-    let nowhere = format!("redis://{}", free_port());
+    // Nothing listens there: a clear error and exit code 1.
+    let closed = ClosedPort::new();
+    let nowhere = format!("redis://{}", closed.addr());
     let out = std::process::Command::new(FLOWGATE)
         .args(["serve", "--redis", &nowhere, "--redis-timeout", "200ms"])
-        .args([
-            "--http",
-            &free_port().to_string(),
-            "--grpc",
-            &free_port().to_string(),
-        ])
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot connect to Redis at"), "{stderr}");
 
-    let http = free_port();
-    let mut child = std::process::Command::new(FLOWGATE)
-        .args([
-            "serve",
-            "--redis",
-            &redis.url(),
-            "--fail",
-            "local",
-            "--instances",
-            "3",
-        ])
-        .args([
-            "--http",
-            &http.to_string(),
-            "--grpc",
-            &free_port().to_string(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let ready = loop {
-        if let Some(ready) = http_get(http, "/readyz") {
-            break ready;
-        }
-        assert!(Instant::now() < deadline, "the server never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let serving = Serving::start(
+        std::process::Command::new(FLOWGATE)
+            .args(["serve", "--redis", &redis.url()])
+            .args(["--fail", "local", "--instances", "3"])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::null()),
+    );
+    let http = serving.http;
+    let ready = http_get(http, "/readyz").expect("an answer");
     // One check of the built-in policy writes its counter into this Redis.
     let body = r#"{"domain":"default","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
     let checked = http_post(http, "/v1/check", body);
     let keys = redis.cli(&["KEYS", "flowgate:*"]);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(serving);
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     assert!(ready.contains(r#""store_kind":"shared""#), "{ready}");
     assert!(checked.starts_with("HTTP/1.1 200"), "{checked}");

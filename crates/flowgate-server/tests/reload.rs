@@ -2,13 +2,12 @@
 //! and the running policy stays live; counters of unchanged rules are kept.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{OK, OVER_LIMIT, TestServer, descriptor, request, should};
+use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::server::TestServer;
 
 fn policy(user_limit: u64) -> String {
     format!(

@@ -6,13 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestServer;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -24,6 +21,7 @@ use flowgate_server::rlqs::bucket::read_action;
 use flowgate_server::rlqs::client::{Envoy, bucket};
 use flowgate_server::rlqs::{ManualTicks, RlqsOptions};
 use flowgate_server::server::ServerConfig;
+use flowgate_testing::server::TestServer;
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
@@ -211,7 +209,7 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
     ))
     .await
     .unwrap();
-    common::wait_metric(&server, "flowgate_rlqs_reports_total", 8.0).await;
+    flowgate_testing::server::wait_metric(&server, "flowgate_rlqs_reports_total", 8.0).await;
     assert!(ticks.tick().await);
     let refreshed = actions(&next(&mut inbound).await.unwrap().unwrap());
     assert_eq!(refreshed.len(), 4);
@@ -232,7 +230,7 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
         ))
         .await
         .unwrap();
-        common::wait_metric(
+        flowgate_testing::server::wait_metric(
             &server,
             "flowgate_rlqs_reports_total",
             12.0 + 4.0 * f64::from(step),
@@ -293,12 +291,15 @@ async fn an_envoy_gets_the_rules_limit_blanket_rules_and_abandonment() {
 
     // ShouldRateLimit still answers on the same listener.
     let mut rls = server.rls().await;
-    let answer = common::should(
+    let answer = flowgate_testing::grpc::should(
         &mut rls,
-        common::request("edge", vec![common::descriptor(&[("tenant", "t9")])]),
+        flowgate_testing::grpc::request(
+            "edge",
+            vec![flowgate_testing::grpc::descriptor(&[("tenant", "t9")])],
+        ),
     )
     .await;
-    assert_eq!(answer.overall_code, common::OK);
+    assert_eq!(answer.overall_code, flowgate_testing::grpc::OK);
     server.stop().await;
 }
 
@@ -321,7 +322,8 @@ async fn the_simulated_envoy_enforces_what_it_is_assigned() {
     for reports in [2.0, 3.0] {
         clock.advance(Duration::from_secs(1));
         envoy.report(clock.now()).await;
-        common::wait_metric(&server, "flowgate_rlqs_reports_total", reports).await;
+        flowgate_testing::server::wait_metric(&server, "flowgate_rlqs_reports_total", reports)
+            .await;
         assert!(ticks.tick().await);
         assert!(envoy.receive_one(clock.now()).await);
     }
@@ -435,9 +437,9 @@ async fn malformed_streams_get_clear_statuses_and_are_counted() {
         assert_eq!(status.code(), code, "{reason}: {status:?}");
         assert!(status.message().contains(says), "{reason}: {status:?}");
         let series = format!("flowgate_rlqs_stream_errors_total{{reason=\"{reason}\"}}");
-        common::wait_metric(&server, &series, 1.0).await;
+        flowgate_testing::server::wait_metric(&server, &series, 1.0).await;
     }
-    common::wait_metric(&server, "flowgate_rlqs_streams", 0.0).await;
+    flowgate_testing::server::wait_metric(&server, "flowgate_rlqs_streams", 0.0).await;
     assert_eq!(server.metric("flowgate_rlqs_buckets").await, 0.0);
     server.stop().await;
 }
@@ -463,7 +465,7 @@ async fn a_report_larger_than_the_body_limit_is_refused() {
     tx.send(report("edge", many)).await.unwrap();
     let status = ending(&mut inbound).await;
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
-    common::wait_metric(
+    flowgate_testing::server::wait_metric(
         &server,
         "flowgate_rlqs_stream_errors_total{reason=\"malformed_message\"}",
         1.0,
@@ -491,17 +493,17 @@ async fn streams_and_buckets_per_stream_are_capped() {
     let status = ending(&mut inbound).await;
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("at most 3 buckets"));
-    common::wait_metric(
+    flowgate_testing::server::wait_metric(
         &server,
         "flowgate_rlqs_stream_errors_total{reason=\"too_many_buckets\"}",
         1.0,
     )
     .await;
-    common::wait_metric(&server, "flowgate_rlqs_streams", 0.0).await;
+    flowgate_testing::server::wait_metric(&server, "flowgate_rlqs_streams", 0.0).await;
     // Streams: the third is refused while two are open.
     let (_a, mut one) = raw(&server).await;
     let (_b, mut two) = raw(&server).await;
-    common::wait_metric(&server, "flowgate_rlqs_streams", 2.0).await;
+    flowgate_testing::server::wait_metric(&server, "flowgate_rlqs_streams", 2.0).await;
     let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
         .await
         .unwrap();
@@ -549,7 +551,7 @@ async fn a_client_that_never_reads_is_ended_and_bounded() {
         .map(|i| usage(&[("path", &format!("/resource/{i:04}"))], 1, 0))
         .collect();
     tx.send(report("edge", many)).await.unwrap();
-    common::wait_metric(&server, "flowgate_rlqs_buckets", 900.0).await;
+    flowgate_testing::server::wait_metric(&server, "flowgate_rlqs_buckets", 900.0).await;
     let mut ended = false;
     for _ in 0..40 {
         clock.advance(Duration::from_secs(1));
@@ -565,7 +567,7 @@ async fn a_client_that_never_reads_is_ended_and_bounded() {
     }
     assert!(ended, "the stream that is never read is ended");
     // Its state is gone: nothing more is kept or queued for it.
-    common::wait_metric(&server, "flowgate_rlqs_streams", 0.0).await;
+    flowgate_testing::server::wait_metric(&server, "flowgate_rlqs_streams", 0.0).await;
     assert_eq!(server.metric("flowgate_rlqs_buckets").await, 0.0);
     drop((tx, inbound));
     server.stop().await;

@@ -17,15 +17,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use flowgate::clock::{Clock, ManualClock, Nanos};
 use flowgate::rlqs::client::{BucketSettings, Expired, Phase, Strategy, TokenBucket};
 use flowgate::store::RedisStore;
@@ -33,7 +27,8 @@ use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::rlqs::client::{Envoy, bucket};
 use flowgate_server::rlqs::{ManualTicks, RlqsOptions};
 use flowgate_server::server::ServerConfig;
-use redis_support::{RedisCluster, RedisServer};
+use flowgate_testing::redis::{RedisCluster, RedisServer};
+use flowgate_testing::server::TestServer;
 
 const S: Nanos = 1_000_000_000;
 const START: Nanos = 1_800_000_000 * S;

@@ -4,18 +4,15 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{free_port, http_get, http_post};
-use redis_support::RedisServer;
+use flowgate_testing::binary::Serving;
+use flowgate_testing::http::{http_get, http_post};
+use flowgate_testing::net::ClosedPort;
+use flowgate_testing::redis::RedisServer;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 const PASSWORD: &str = "Pw-7f3a9c1e-redis";
@@ -61,12 +58,12 @@ fn no_secret_in_logs_errors_config_or_metrics() {
 
     // A wrong password and an unreachable Redis: both fail to start, quoting the URL redacted.
     let wrong = format!("redis://:{PASSWORD}x@127.0.0.1:{}", redis.port);
-    let nowhere = format!("redis://:{PASSWORD}@{}", free_port());
+    let closed = ClosedPort::new();
+    let nowhere = format!("redis://:{PASSWORD}@{}", closed.addr());
     for bad in [&wrong, &nowhere] {
         let out = Command::new(FLOWGATE)
             .args(["serve", "--redis", bad, "--redis-timeout", "300ms"])
-            .args(["--http", &free_port().to_string()])
-            .args(["--grpc", &free_port().to_string()])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .env("RUST_LOG", "debug")
             .output()
             .unwrap();
@@ -85,28 +82,21 @@ fn no_secret_in_logs_errors_config_or_metrics() {
         "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 100, fail: closed}\n  - key: plan\n    rate_limit: {unit: minute, requests_per_unit: 100}\ngateway:\n  jwt: {hs256_secret_env: FLOWGATE_TEST_JWT_SECRET}\n  descriptors:\n    - [{key: remote_address}]\n    - [{key: jwt_claim, claim: plan, as: plan}]\n",
     )
     .unwrap();
-    let (http, grpc, gateway) = (free_port(), free_port(), free_port());
     // The upstream is a port nothing listens on: the gateway's 502 is one of the errors read.
-    let upstream = free_port();
-    let log = dir.path().join("log");
-    let mut child = Command::new(FLOWGATE)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .args(["--redis", &url, "--redis-timeout", "200ms"])
-        .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
-        .args(["--upstream", &format!("http://{upstream}")])
-        .args(["--gateway", &gateway.to_string(), "--drain-period", "0s"])
-        .env("RUST_LOG", "debug")
-        .env("FLOWGATE_TEST_JWT_SECRET", JWT_SECRET)
-        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(http, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "the server never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let upstream = ClosedPort::new();
+    let mut serving = Serving::start(
+        Command::new(FLOWGATE)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .args(["--redis", &url, "--redis-timeout", "200ms"])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(["--upstream", &format!("http://{}", upstream.addr())])
+            .args(["--gateway", "127.0.0.1:0", "--drain-period", "0s"])
+            .env("RUST_LOG", "debug")
+            .env("FLOWGATE_TEST_JWT_SECRET", JWT_SECRET)
+            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap()),
+    );
+    let (http, gateway) = (serving.http, serving.gateway.unwrap());
     let mut answers = Vec::new();
     let check = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"}]}]}"#;
     let read_everything = |answers: &mut Vec<(String, String)>| {
@@ -151,16 +141,9 @@ fn no_secret_in_logs_errors_config_or_metrics() {
     protect(&redis);
     read_everything(&mut answers);
 
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "no exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let stderr = std::fs::read_to_string(&log).unwrap();
+    serving.signal("TERM");
+    serving.wait_exit(Duration::from_secs(20));
+    let stderr = serving.log();
     let stdout = std::fs::read_to_string(dir.path().join("stdout")).unwrap();
     assert!(stderr.contains("counting in Redis"), "{stderr}");
     assert!(stderr.contains(":***@127.0.0.1"), "{stderr}");

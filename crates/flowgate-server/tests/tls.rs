@@ -1,14 +1,10 @@
 //! TLS with rustls, over real connections on loopback, with certificates each test makes
-//! (`testing/pki.rs`): the HTTP API, the gRPC API and the gateway serve TLS; the certificate
+//! (`flowgate_testing::pki`): the HTTP API, the gRPC API and the gateway serve TLS; the certificate
 //! is reloaded when its files change (and a broken file keeps the running one); a handshake
 //! that never comes is closed after the header read timeout and counted; plaintext to a TLS
 //! port is refused and counted; the gateway reaches `https://` upstreams and refuses one it
 //! cannot verify.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-#[path = "../../../testing/pki.rs"]
-mod pki;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,18 +14,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use common::upstream::PASS_ALL;
-use common::{TestServer, descriptor, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use flowgate_server::listen::ListenLimits;
 use flowgate_server::server::ServerConfig;
 use flowgate_server::tls::{CertificateFiles, ListenerTls, ServerCertificate, TlsListener};
+use flowgate_testing::grpc::{descriptor, request};
+use flowgate_testing::pki::Pki;
+use flowgate_testing::server::TestServer;
+use flowgate_testing::upstream::PASS_ALL;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use pki::Pki;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -327,8 +324,8 @@ async fn the_gateway_serves_tls_and_forwards_to_an_https_upstream_it_can_verify(
 
     // With the system's roots the upstream's private CA is not trusted: 502, and the body
     // does not say why (the log does).
-    let server = common::upstream::gateway(PASS_ALL, &url).await;
-    let answer = common::upstream::get(&server, "/anything", &[]).await;
+    let server = flowgate_testing::upstream::gateway(PASS_ALL, &url).await;
+    let answer = flowgate_testing::upstream::get(&server, "/anything", &[]).await;
     assert_eq!(answer.status, 502);
     let body = String::from_utf8_lossy(&answer.body);
     assert!(!body.contains("certificate"), "{body}");
@@ -339,7 +336,7 @@ async fn the_gateway_serves_tls_and_forwards_to_an_https_upstream_it_can_verify(
 async fn the_websocket_gateway_serves_wss() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let upstream = common::ws::EchoUpstream::start().await;
+    let upstream = flowgate_testing::ws::EchoUpstream::start().await;
     let pki = Pki::new("wss CA");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("chat.yaml");
@@ -375,11 +372,6 @@ async fn the_websocket_gateway_serves_wss() {
     server.stop().await;
 }
 
-#[cfg(feature = "redis")]
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 /// The binary end to end: `flowgate serve` counting in a TLS-only Redis (`rediss://`,
 /// `--redis-ca-file`) and serving its HTTP API over TLS (`--tls-cert`, `--tls-key`,
 /// `--tls-listeners http`); files it cannot use stop it at start, naming the file.
@@ -393,13 +385,10 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
     let dir = tempfile::tempdir().unwrap();
     let (redis_cert, redis_key) = pki.leaf().write(dir.path(), "redis");
     let ca = pki.write_ca(dir.path());
-    let tls_port = common::free_port().port().to_string();
     let s = |p: &std::path::Path| p.to_str().unwrap().to_owned();
-    let Some(redis) = redis_support::RedisServer::start_with(
+    let Some(redis) = flowgate_testing::redis::RedisServer::start_tls(
         what,
         &[
-            "--tls-port",
-            &tls_port,
             "--tls-cert-file",
             &s(&redis_cert),
             "--tls-key-file",
@@ -415,7 +404,7 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
     let config = dir.path().join("edge.yaml");
     std::fs::write(&config, LIMITED).unwrap();
     let (cert, key) = pki.leaf().write(dir.path(), "server");
-    let redis_url = format!("rediss://localhost:{tls_port}");
+    let redis_url = format!("rediss://localhost:{}", redis.tls_port.unwrap());
 
     // Files it cannot use: exit 1 at start, naming the file.
     let stray = pki.leaf().write(dir.path(), "stray").1;
@@ -445,52 +434,21 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
         "{no_ca:?}"
     );
 
-    let log_path = dir.path().join("log");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let client = connector(&pki, &[b"http/1.1"]);
-    // Ports from free_port() may be taken by another test before the server binds them: a
-    // server that exits saying so is started again on others.
-    let (mut child, http) = 'started: {
-        for _ in 0..3 {
-            let (http, grpc) = (common::free_port(), common::free_port());
-            let mut child = Command::new(FLOWGATE)
-                .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
-                .args(["--http", &http.to_string(), "--grpc", &grpc.to_string()])
-                .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
-                .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
-                .args(["--tls-listeners", "http"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::fs::File::create(&log_path).unwrap())
-                .spawn()
-                .unwrap();
-            let up = runtime.block_on(async {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                loop {
-                    if tls_connect(&client, http).await.is_ok() {
-                        return true;
-                    }
-                    if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
-                        return false;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            });
-            if up {
-                break 'started (child, http);
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            assert!(
-                log.contains("cannot listen"),
-                "the server never came up:\n{log}"
-            );
-        }
-        panic!("no free ports in three tries");
-    };
+    let mut serving = flowgate_testing::binary::Serving::start(
+        Command::new(FLOWGATE)
+            .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
+            .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
+            .args(["--tls-listeners", "http"])
+            .stdout(std::process::Stdio::null()),
+    );
+    let http = serving.http;
     let answers = runtime.block_on(async {
         let (ready, body) = https_get(&client, http, "/readyz").await;
         assert_eq!(ready, 200, "{body}");
@@ -517,8 +475,7 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
         }
         statuses
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = serving.child.kill();
     assert_eq!(
         answers,
         [200, 200, 429],

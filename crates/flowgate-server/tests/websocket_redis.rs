@@ -5,20 +5,15 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../flowgate/tests/common/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestServer;
-use common::ws::{EchoUpstream, Got, is_error_frame, next, open, send};
 use flowgate::store::RedisStore;
 use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::server::ServerConfig;
-use redis_support::{RedisCluster, RedisServer};
+use flowgate_testing::redis::{RedisCluster, RedisServer};
+use flowgate_testing::server::TestServer;
+use flowgate_testing::ws::{EchoUpstream, Got, is_error_frame, next, open, send};
 
 /// Per user 10 messages an hour; per room 25 an hour (no refill during the test); users from `x-user`, rooms from the
 /// `room` query parameter.
@@ -40,7 +35,7 @@ async fn instance(upstream: &EchoUpstream, store: RedisStore) -> TestServer {
 /// Sends `per_socket` messages on each of `sockets` in turn; returns (forwarded, rejected by
 /// `scope`).
 async fn exchange(
-    sockets: &mut [common::ws::Ws],
+    sockets: &mut [flowgate_testing::ws::Ws],
     per_socket: usize,
     scope: &str,
 ) -> (usize, usize) {

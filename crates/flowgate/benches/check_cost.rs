@@ -11,8 +11,8 @@
 //!
 //! `check_cost.sh` runs the binary under cachegrind with 10 and with 20 rounds over the keys
 //! and divides the difference by 10 × N: the cost of a check on an existing key, with the
-//! inserts and the set-up taken out. `MODE=keyed`: `KeyedRateLimiter<u64>::try_acquire_key`;
-//! `MODE=store`: `MemoryStore::try_acquire_now` on `"user:<n>"` keys; `N` keys, `R` rounds.
+//! inserts and the set-up taken out. `MODE=keyed`: `KeyedRateLimiter<u64>::try_check_key`;
+//! `MODE=store`: `MemoryStore::check_now` on `"user:<n>"` keys; `N` keys, `R` rounds.
 //!
 //! With `T=1`, `T=2`, …, it instead runs the checks on that many threads and prints the
 //! throughput and the CPU time per check (see `threads`).

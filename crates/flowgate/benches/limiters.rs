@@ -3,11 +3,11 @@
 //! `cargo bench -p flowgate --bench limiters`
 //!
 //! * `direct/allowed`, `direct/rejected`: one limiter, one check per iteration. Flowgate's
-//!   `try_acquire` returns what governor's `check` returns (granted, or the wait); its `check`
+//!   `try_check` returns what governor's `check` returns (granted, or the wait); its `check`
 //!   also computes `remaining` and `reset_after` (a full `Decision`), shown for comparison.
 //! * `keyed/{1k,1M}/{1,2}-thread`: checks on random `u64` keys drawn from a pre-shuffled list
 //!   (no random-number generation inside the timed loop), throughput in checks per second;
-//!   Flowgate's `try_acquire_key` against governor's `check_key`.
+//!   Flowgate's `try_check_key` against governor's `check_key`.
 //!
 //! Both libraries run with their default clocks; governor also with its `QuantaUpkeepClock`,
 //! the closest thing it has to Flowgate's cheap `recent()` reading.
@@ -33,7 +33,7 @@ fn direct(c: &mut Criterion) {
 
     // Allowed: a quota far above what one thread can ask for.
     let fg = RateLimiter::new(Quota::per_second(1_000_000_000));
-    group.bench_function("allowed/flowgate-try_acquire", |b| {
+    group.bench_function("allowed/flowgate-try_check", |b| {
         b.iter(|| black_box(fg.try_check().is_ok()))
     });
     group.bench_function("allowed/flowgate-check", |b| {
@@ -53,7 +53,7 @@ fn direct(c: &mut Criterion) {
     // Rejected: one unit per hour, already taken.
     let fg = RateLimiter::new(Quota::per_hour(1));
     let _ = fg.check();
-    group.bench_function("rejected/flowgate-try_acquire", |b| {
+    group.bench_function("rejected/flowgate-try_check", |b| {
         b.iter(|| black_box(fg.try_check().is_ok()))
     });
     group.bench_function("rejected/flowgate-check", |b| {

@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p flowgate --bench memory_store`
 //!
-//! `memory_store/1M/{1,2}-thread`: `Store::try_acquire_now` (what the HTTP layer and the
+//! `memory_store/1M/{1,2}-thread`: `Store::check_now` (what the HTTP layer and the
 //! service call on their fast path) on 1,000,000 string keys (`"user:<n>"`, GCRA, a quota
 //! high enough that every check is allowed), inserted first and then visited in a pre-shuffled
 //! order; throughput in checks per second. Each thread walks the list from its own offset, as
@@ -86,7 +86,7 @@ fn memory_store(c: &mut Criterion) {
     assert_eq!(stats.evicted_active, 0, "{stats:?}");
     for threads in [1usize, 2] {
         group.bench_function(
-            BenchmarkId::new("try_acquire_now", format!("{threads}-thread")),
+            BenchmarkId::new("check_now", format!("{threads}-thread")),
             |b| {
                 b.iter_custom(|iters| {
                     timed_checks(threads, iters, &keys, &|k| {

@@ -33,7 +33,7 @@ echo "redis-server $(redis-server --version | cut -d' ' -f3), port $port"
 for r in $(seq 1 "$rounds"); do
   echo "round $r"
   # 1000 per second: T = 1 ms, τ = 1 s, expiry buckets of 2^20 µs. ARGV: now from TIME,
-  # acquire, 1 quota, uniform cost 1, the quota block.
+  # check (not refund), 1 quota, uniform cost 1, the quota block.
   cost "(a) redis_rate-style GCRA, 1 key per EVALSHA" 1 20000 \
     EVALSHA "$rr_sha" 1 rr:__rand_int__ 1000 1000 1 1
   cost "(b) flowgate gcra, 20 keys per EVALSHA" 20 2000 \

@@ -11,10 +11,10 @@
 //! * **Stores** ([`store`]): the [`Store`](store::Store) trait for limits shared across tasks
 //!   and machines, with an embedded [`MemoryStore`](store::MemoryStore), Redis (feature
 //!   `redis`) and the [`FallbackStore`](store::FallbackStore) that applies fail modes.
-//! * **Simulation** ([`simulate`]): the same traffic through every algorithm and deployment
-//!   on a simulated clock, to see how they differ before choosing.
-//! * **Top keys** ([`top`]): the most limited keys of an unbounded stream in fixed memory
-//!   (Space-Saving), cheap to feed from many threads.
+//! * **Simulation** (`simulate`, feature `simulate`): the same traffic through every algorithm
+//!   and deployment on a simulated clock, to see how they differ before choosing.
+//! * **Top keys** (`top`, feature `top`): the most limited keys of an unbounded stream in
+//!   fixed memory (Space-Saving), cheap to feed from many threads.
 //! * **The request pipeline** ([`pipeline`]): a request against every limit it falls under —
 //!   all must allow, nothing is consumed when one denies — decided at once where the store
 //!   allows; every front end (tower layer, gateway, service APIs, WebSocket) goes through it.
@@ -74,8 +74,10 @@ pub mod rlqs;
 mod scratch;
 #[cfg(feature = "serde")]
 pub mod settings;
+#[cfg(feature = "simulate")]
 pub mod simulate;
 pub mod store;
+#[cfg(feature = "top")]
 pub mod top;
 #[cfg(feature = "ws")]
 pub mod ws;

@@ -5,17 +5,15 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::conformance::{DEFAULT_START, run_table};
-use common::redis::RedisCluster;
 use flowgate::clock::ManualClock;
 use flowgate::store::{Ask, MemoryStore, RedisStore, Store, StoreError};
 use flowgate::{Algorithm, Quota};
+use flowgate_testing::conformance::{DEFAULT_START, run_table};
+use flowgate_testing::redis::RedisCluster;
 
 async fn store(cluster: &RedisCluster) -> RedisStore {
     RedisStore::cluster_builder(cluster.urls())
@@ -90,7 +88,7 @@ async fn cluster_passes_the_conformance_table_and_admits_exactly_the_bound() {
     }
 }
 
-/// Calls `acquire` on `key` in a loop until `stop`; counts grants, transient errors, and any
+/// Calls `check` on `key` in a loop until `stop`; counts grants, transient errors, and any
 /// other error (there must be none). Panics in the store would fail the task.
 fn hammer(
     store: RedisStore,
@@ -186,7 +184,7 @@ async fn slot_migration_and_failover_do_not_break_the_store() {
             let live = cluster
                 .nodes
                 .iter()
-                .find(|n| common::redis::listening(n.port))
+                .find(|n| flowgate_testing::redis::listening(n.port))
                 .unwrap();
             panic!("no failover: {}", live.cli(&["cluster", "nodes"]));
         }

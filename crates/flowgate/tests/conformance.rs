@@ -1,16 +1,14 @@
 //! The conformance table on the memory store. Every other store runs the same table (see
-//! `tests/common/conformance.rs`); a store passes only if it returns exactly the decisions the
+//! `flowgate_testing::conformance`); a store passes only if it returns exactly the decisions the
 //! table lists.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::conformance::{DEFAULT_START, run_table, traces};
 use flowgate::KeyedRateLimiter;
 use flowgate::clock::ManualClock;
 use flowgate::store::{Ask, MemoryStore, Store, StoreError};
 use flowgate::{Decision, Quota};
+use flowgate_testing::conformance::{DEFAULT_START, run_table, traces};
 
 #[tokio::test]
 async fn memory_store_passes_the_conformance_table() {

@@ -5,19 +5,17 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::proxy::{Fault, Proxy};
-use common::redis::RedisServer;
 use flowgate::store::{Ask, FallbackStore, RedisStore, Store};
 use flowgate::{FailMode, Quota};
+use flowgate_testing::proxy::{Fault, Proxy};
+use flowgate_testing::redis::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
-use common::fault_slack as slack;
+use flowgate_testing::fault_slack as slack;
 
 /// The tests here measure time; run them one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

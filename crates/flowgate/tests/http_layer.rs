@@ -377,14 +377,17 @@ async fn multi_limit_requests_refund_on_partial_deny() {
 /// closed port on loopback, and fails the way a real remote store fails when it is down.
 struct UnreachableStore {
     addr: SocketAddr,
+    /// Holds the port closed (bound, not listening) for as long as the store lives.
+    _closed: flowgate_testing::net::ClosedPort,
 }
 
 impl UnreachableStore {
     async fn new() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        UnreachableStore { addr }
+        let closed = flowgate_testing::net::ClosedPort::new();
+        UnreachableStore {
+            addr: closed.addr(),
+            _closed: closed,
+        }
     }
 
     async fn connect(&self) -> Result<tokio::net::TcpStream, StoreError> {

@@ -5,15 +5,13 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::redis::RedisServer;
 use flowgate::store::{Ask, HybridStore, RedisStore, Store};
 use flowgate::{Algorithm, Quota};
+use flowgate_testing::redis::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_at_five_times_the_limit_stay_within_the_bound() {

@@ -9,8 +9,6 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +18,7 @@ use flowgate::{FailMode, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
-use common::fault_slack as slack;
+use flowgate_testing::fault_slack as slack;
 
 /// A network namespace holding a `redis-server`, linked to this namespace by a veth pair.
 struct Netns {
@@ -183,7 +181,7 @@ async fn a_partition_from_redis_falls_back_locally_within_the_bound_and_heals() 
         .is_ok_and(|s| s.success());
     if !have_redis {
         // Says so loudly (or fails, with FLOWGATE_REQUIRE_REDIS=1).
-        assert!(common::redis::RedisServer::start(what).is_none());
+        assert!(flowgate_testing::redis::RedisServer::start(what).is_none());
         return;
     }
     let Some(redis) = Netns::start(what) else {

@@ -5,17 +5,15 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::conformance::{DEFAULT_START, run_table};
-use common::redis::RedisServer;
 use flowgate::clock::{ManualClock, Nanos};
 use flowgate::store::{Ask, MemoryStore, RedisStore, Store, StoreError};
 use flowgate::{Algorithm, Quota};
+use flowgate_testing::conformance::{DEFAULT_START, run_table};
+use flowgate_testing::redis::RedisServer;
 use proptest::prelude::*;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -49,7 +47,7 @@ async fn redis_store_passes_the_conformance_table() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// Move the clock forward (or back, when negative) by this many ns, then acquire `cost`.
+    /// Move the clock forward (or back, when negative) by this many ns, then check `cost`.
     Acquire {
         dt: i64,
         cost: u64,

@@ -1,28 +1,22 @@
 //! `rediss://`: the Redis store over TLS (rustls), against real `redis-server` processes
-//! started with `--tls-port` and certificates the test makes (`testing/pki.rs`) — a single
+//! started with `--tls-port` and certificates the test makes (`flowgate_testing::pki`) — a single
 //! server (with and without client certificates) and a three-node Redis Cluster whose nodes
 //! speak TLS to clients and to each other (`--tls-cluster yes`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../../testing/pki.rs"]
-mod pki;
-
 use std::path::Path;
 
-use common::redis::{RedisCluster, RedisServer, free_port};
 use flowgate::store::{Ask, RedisStore, Store};
 use flowgate::{Algorithm, Quota};
-use pki::Pki;
+use flowgate_testing::pki::Pki;
+use flowgate_testing::redis::{RedisCluster, RedisServer};
 
-/// `redis-server` arguments for TLS on a free port with the files in `dir`.
+/// `redis-server` arguments for TLS with the files in `dir` (the TLS port is the helper's).
 fn tls_args(dir: &Path, pki: &Pki, clients_need_certificates: bool) -> Vec<String> {
     let (cert, key) = pki.leaf().write(dir, "redis");
     let ca = pki.write_ca(dir);
     let path = |p: &Path| p.to_str().unwrap().to_owned();
     vec![
-        "--tls-port".into(),
-        free_port().to_string(),
         "--tls-cert-file".into(),
         path(&cert),
         "--tls-key-file".into(),
@@ -40,7 +34,7 @@ fn tls_args(dir: &Path, pki: &Pki, clients_need_certificates: bool) -> Vec<Strin
 }
 
 fn rediss(server: &RedisServer) -> String {
-    format!("rediss://localhost:{}", server.arg("--tls-port").unwrap())
+    format!("rediss://localhost:{}", server.tls_port.unwrap())
 }
 
 /// Three requests against a limit of 2: granted, granted, denied.
@@ -55,7 +49,7 @@ async fn two_of_three(store: &RedisStore, key: &str) -> Vec<bool> {
 
 fn start(what: &str, args: &[String]) -> Option<RedisServer> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    RedisServer::start_with(what, &args)
+    RedisServer::start_tls(what, &args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +115,7 @@ async fn a_server_that_requires_client_certificates_accepts_only_a_client_with_o
 async fn a_redis_cluster_over_tls_counts_on_every_node() {
     let pki = Pki::new("redis cluster CA");
     let dir = tempfile_dir("cluster");
-    let Some(cluster) = RedisCluster::start_with("a_redis_cluster_over_tls", 3, 0, || {
+    let Some(cluster) = RedisCluster::start_tls("a_redis_cluster_over_tls", 3, 0, || {
         let mut args = tls_args(&dir, &pki, false);
         args.extend(["--tls-cluster".into(), "yes".into()]);
         args

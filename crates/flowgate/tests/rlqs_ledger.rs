@@ -6,15 +6,13 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
 use flowgate::clock::{ManualClock, Nanos};
 use flowgate::rlqs::ledger::{self, Joined, Ledger, Terms, Timing};
 use flowgate::rlqs::{Fairness, MemoryLedger};
 use flowgate::store::RedisStore;
+use flowgate_testing::redis::{RedisCluster, RedisServer};
 
 const S: Nanos = 1_000_000_000;
 const START: Nanos = 1_800_000_000 * S;

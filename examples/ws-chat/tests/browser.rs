@@ -3,21 +3,19 @@
 //! form, floods, and must show the rate-limited notice counting `retry_after_ms` down with the
 //! send button disabled, re-enable it at zero, and show the server's close code and reason.
 //!
-//! The browser comes from the workspace's one helper, `testing/chromium.rs`: without Chromium
+//! The browser comes from the workspace's one helper, `flowgate_testing::chromium`: without Chromium
 //! the test prints a loud message and passes — unless `FLOWGATE_REQUIRE_CHROMIUM=1`, which
 //! makes that a failure (CI sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../../testing/chromium.rs"]
-mod chromium;
 mod common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use chromium::Chromium;
 use common::Server;
 use example_ws_chat::Config;
+use flowgate_testing::chromium::Chromium;
 use serde_json::json;
 
 #[tokio::test]

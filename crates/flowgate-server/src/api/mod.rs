@@ -8,7 +8,9 @@ pub mod http;
 pub mod limits;
 pub mod noop;
 pub mod openapi;
-pub(crate) mod problem;
+// Public (hidden): the JSON parsers' error, for the fuzz targets (`flowgate_testing::fuzzing`).
+#[doc(hidden)]
+pub mod problem;
 pub mod rls;
 
 use std::sync::Arc;

@@ -9,7 +9,7 @@ use http::StatusCode;
 
 /// A problem the HTTP API answers with.
 #[derive(Debug, Clone)]
-pub(crate) struct Problem(Body);
+pub struct Problem(Body);
 
 impl Problem {
     /// 400: the body could not be parsed or is not a valid request.

@@ -1,9 +1,11 @@
-//! Command-line interface: `flowgate serve`, `flowgate check-config`, `flowgate loadgen`,
-//! `flowgate simulate`.
+//! Command-line interface: `flowgate serve`, `flowgate check-config`, `flowgate loadgen`
+//! (feature `loadgen`), `flowgate simulate` (feature `simulate`).
 
 mod check_config;
+#[cfg(feature = "loadgen")]
 pub mod loadgen;
 mod serve;
+#[cfg(feature = "simulate")]
 pub mod simulate;
 
 use std::process::ExitCode;
@@ -11,8 +13,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub use check_config::CheckConfigArgs;
+#[cfg(feature = "loadgen")]
 pub use loadgen::LoadgenArgs;
 pub use serve::{LogFormat, ServeArgs, ServeError};
+#[cfg(feature = "simulate")]
 pub use simulate::SimulateArgs;
 
 /// Flowgate: a rate limiter for a whole fleet.
@@ -34,9 +38,11 @@ pub enum Command {
     CheckConfig(CheckConfigArgs),
     /// Drives load at a rate-limit service (gRPC RLS, /json, /v1/check) and reports
     /// throughput and latency percentiles.
+    #[cfg(feature = "loadgen")]
     Loadgen(LoadgenArgs),
     /// Runs traffic (a built-in scenario, a CSV trace, a configuration's rules) through every
     /// algorithm with the same quota on a simulated clock, and shows how they differ.
+    #[cfg(feature = "simulate")]
     Simulate(SimulateArgs),
 }
 
@@ -54,7 +60,9 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::CheckConfig(args) => check_config::run(&args),
+        #[cfg(feature = "loadgen")]
         Command::Loadgen(args) => loadgen::run(&args),
+        #[cfg(feature = "simulate")]
         Command::Simulate(args) => simulate::run(&args),
     }
 }

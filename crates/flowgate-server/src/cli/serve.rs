@@ -384,15 +384,6 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        tracing::info!(
-            http = %bound(&http, &args.http),
-            grpc = %bound(&grpc, &args.grpc),
-            rules = config.policy.rules.rules().len(),
-            store = config.backend.kind(),
-            dashboard = config.dashboard,
-            admin = config.admin_token.is_some(),
-            "flowgate serving"
-        );
         if let Some(tls) = &config.tls {
             tracing::info!(listeners = ?tls.listeners, "serving TLS");
         }
@@ -402,13 +393,27 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
         if let (Some(listener), Some(addr)) = (&websocket, &websocket_addr) {
             tracing::info!(websocket = %bound(listener, addr), "websocket gateway relaying");
         }
+        // Signals are handled from here on (a SIGTERM or SIGHUP after the line below never
+        // kills the process by its default action).
+        let shutdown = server::shutdown_signal();
+        // Last, once every listener is bound; the addresses bound (`--http 127.0.0.1:0`: the
+        // port the system chose), which tests read.
+        tracing::info!(
+            http = %bound(&http, &args.http),
+            grpc = %bound(&grpc, &args.grpc),
+            rules = config.policy.rules.rules().len(),
+            store = config.backend.kind(),
+            dashboard = config.dashboard,
+            admin = config.admin_token.is_some(),
+            "flowgate serving"
+        );
         let listeners = Listeners {
             http: Some(http),
             grpc: Some(grpc),
             gateway,
             websocket,
         };
-        server::run(config, listeners, server::shutdown_signal())
+        server::run(config, listeners, shutdown)
             .await
             .map_err(ServeError::Server)?;
         tracing::info!("stopped");

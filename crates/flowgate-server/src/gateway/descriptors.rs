@@ -12,10 +12,7 @@ use crate::config::gateway::{GatewayConfig, Source};
 /// as Envoy does; a header that is present but unusable as a key (not visible ASCII, longer
 /// than 256 bytes, or repeated — see [`Header`](flowgate::http::key::Header)) rejects the
 /// request with 400, and so do two `Authorization` headers under a `jwt_claim` source.
-pub(crate) fn of_request(
-    config: &GatewayConfig,
-    parts: &Parts,
-) -> Result<Vec<Descriptor>, KeyRejection> {
+pub fn of_request(config: &GatewayConfig, parts: &Parts) -> Result<Vec<Descriptor>, KeyRejection> {
     let mut out = Vec::with_capacity(config.descriptors.len());
     'descriptors: for entries in &config.descriptors {
         let mut built = Vec::with_capacity(entries.len());

@@ -19,7 +19,7 @@ use http::{StatusCode, Version};
 /// (`/path?query`: the upstream is a server, not a proxy), HTTP/1.1, the hop-by-hop fields
 /// removed, this hop recorded for `client` (see [`add_forwarding`]; `keep_earlier` keeps the
 /// hops the client sent, for trusted peers or `forwarded: append`), no extensions.
-pub(crate) fn rewrite_request(parts: &mut Parts, client: IpAddr, keep_earlier: bool) {
+pub fn rewrite_request(parts: &mut Parts, client: IpAddr, keep_earlier: bool) {
     parts.uri = match parts.uri.path_and_query() {
         Some(path) => http::Uri::from(path.clone()),
         None => http::Uri::from_static("/"),
@@ -130,7 +130,7 @@ fn hop_by_hop(name: &HeaderName) -> u8 {
 /// exactly one `Host`, which must be a valid authority (or empty); a request in absolute form
 /// (`GET http://host/path`) is for the URI's host, whatever `Host` says, so `Host` is set to
 /// it. Returns why the request is malformed.
-pub(crate) fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static str)> {
+pub fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static str)> {
     if let Some(authority) = parts.uri.authority() {
         let value = HeaderValue::from_str(authority.as_str()).map_err(|_| {
             (

@@ -27,10 +27,14 @@
 //! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
 //! go to the WebSocket gateway ([`ws`]), on its own listener.
 
-pub(crate) mod descriptors;
-pub(crate) mod forward;
+// Public (hidden) for the fuzz targets, `flowgate_testing::fuzzing`.
+#[doc(hidden)]
+pub mod descriptors;
+#[doc(hidden)]
+pub mod forward;
 mod idle;
-pub(crate) mod path;
+#[doc(hidden)]
+pub mod path;
 mod pool;
 mod upstream;
 pub mod ws;

@@ -20,7 +20,7 @@ use http::uri::PathAndQuery;
 
 /// Replaces `uri` by its origin form (`/path?query`) with the path normalised, when
 /// normalising changes it. Returns whether it did.
-pub(crate) fn normalise_uri(uri: &mut Uri) -> bool {
+pub fn normalise_uri(uri: &mut Uri) -> bool {
     let Cow::Owned(path) = normalise(uri.path()) else {
         return false;
     };
@@ -42,7 +42,7 @@ pub(crate) fn normalise_uri(uri: &mut Uri) -> bool {
 
 /// `path` normalised (see the module's documentation); borrowed when already normal. A path
 /// that does not start with `/` (`*`, an authority) is returned as it is.
-pub(crate) fn normalise(path: &str) -> Cow<'_, str> {
+pub fn normalise(path: &str) -> Cow<'_, str> {
     if !path.starts_with('/') || is_normal(path.as_bytes()) {
         return Cow::Borrowed(path);
     }

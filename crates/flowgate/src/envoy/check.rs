@@ -313,7 +313,7 @@ mod tests {
         }
     }
 
-    /// The memory store without its at-once answer: every request goes through `acquire`'s
+    /// The memory store without its at-once answer: every request goes through `check`'s
     /// future and an owned key.
     struct Waiting(MemoryStore<ManualClock>);
 

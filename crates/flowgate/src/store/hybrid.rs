@@ -155,7 +155,7 @@ impl<S: Store + 'static> HybridStoreBuilder<S> {
 
     /// Builds the store without a sync task: counts reach the shared store only when the
     /// caller calls [`sync_now`](HybridStore::sync_now), e.g. every `sync_every` of a
-    /// simulated clock ([`crate::simulate`] does this). `sync_every` is still the wait that
+    /// simulated clock (`flowgate::simulate`, feature `simulate`, does this). `sync_every` is still the wait that
     /// denials report. Needs no runtime.
     ///
     /// ```

@@ -210,7 +210,8 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
 
 /// The `/v1/check` request, through the same validation as gRPC and `/json`
 /// ([`rls::parse_request`]), or the 400 for it.
-pub(crate) fn parse_check(body: &[u8], limits: &InputLimits) -> Result<RlsRequest, Problem> {
+#[doc(hidden)]
+pub fn parse_check(body: &[u8], limits: &InputLimits) -> Result<RlsRequest, Problem> {
     let request: CheckRequest = serde_json::from_slice(body)
         .map_err(|e| Problem::bad_request(format!("invalid check request JSON: {e}")))?;
     request

@@ -17,7 +17,9 @@
 //! and the gateway. Handlers may read the client's address (`Peer`).
 
 pub(crate) mod admin;
-pub(crate) mod check;
+// Public (hidden) for the fuzz targets, `flowgate_testing::fuzzing`.
+#[doc(hidden)]
+pub mod check;
 pub(crate) mod config;
 pub(crate) mod media_type;
 
@@ -142,7 +144,8 @@ pub(crate) fn json_response(status: StatusCode, body: &impl Serialize) -> Respon
 
 /// The `/json` request, through the same validation as gRPC and `/v1/check`
 /// ([`rls::parse_request`]), or the 400 for it.
-pub(crate) fn parse_json(body: &[u8], limits: &InputLimits) -> Result<RlsRequest, Problem> {
+#[doc(hidden)]
+pub fn parse_json(body: &[u8], limits: &InputLimits) -> Result<RlsRequest, Problem> {
     let request = serde_json::from_slice::<JsonRequest>(body)
         .map_err(|e| Problem::bad_request(format!("invalid RateLimitRequest JSON: {e}")))?;
     request

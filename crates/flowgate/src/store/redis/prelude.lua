@@ -8,10 +8,10 @@
 -- is stored as hex(u) followed by r in exactly three hex digits.
 --
 -- ARGV[1], ARGV[2]: now as (u, r), or ARGV[1] == '' to use the server's TIME.
--- ARGV[3]: '0' to acquire, '1' to refund. ARGV[4]: q, the number of quotas. ARGV[5]: the
--- cost of every request when all share one quota and one cost, else ''. Then q quota blocks of
--- a fixed size per script; then, unless ARGV[5] is set, per request: its quota's index
--- (1-based) and cost.
+-- ARGV[3]: '0' to check (take units if granted), '1' to refund. ARGV[4]: q, the number of
+-- quotas. ARGV[5]: the cost of every request when all share one quota and one cost, else ''.
+-- Then q quota blocks of a fixed size per script; then, unless ARGV[5] is set, per request: its
+-- quota's index (1-based) and cost.
 -- Reply: { now_u, now_r, then a fixed number of integers per request }; a request's first
 -- integer is its status: 1 granted (or refunded), 0 denied, -1 the key holds a value that
 -- Flowgate did not write (the request is left alone).

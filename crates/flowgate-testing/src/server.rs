@@ -1,15 +1,11 @@
-//! A real server on loopback port 0, and real HTTP and gRPC clients for it.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+//! A real server in-process on listeners bound to loopback port 0, and its HTTP and gRPC
+//! clients.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use flowgate_server::server::{self, Listeners, ServerConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -21,36 +17,45 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-pub mod upstream;
-pub mod ws;
-
 /// A running server and its temporary configuration directory.
 pub struct TestServer {
+    /// The HTTP API (`/v1/check`, `/json`, `/metrics`, admin, dashboard).
     pub http: SocketAddr,
+    /// The gRPC API (Envoy's `ShouldRateLimit`).
     pub grpc: SocketAddr,
     /// The gateway, when the configuration has an upstream.
     pub gateway: Option<SocketAddr>,
     /// The WebSocket gateway, when the configuration has a `websocket` section.
     pub websocket: Option<SocketAddr>,
+    /// The temporary directory holding the configuration files (removed when dropped).
     pub dir: tempfile::TempDir,
+    /// The configuration files served, in `dir`.
     pub files: Vec<PathBuf>,
+    /// Ends the server (dropped or sent: `stop`).
     stop: Option<oneshot::Sender<()>>,
+    /// The server's task, awaited by `stop`.
     handle: Option<JoinHandle<std::io::Result<()>>>,
+    /// One HTTP client (its own connection pool) for `request` and friends.
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
 /// An HTTP response: status, headers, body.
 pub struct HttpResponse {
+    /// The status code.
     pub status: u16,
+    /// The response's header fields.
     pub headers: hyper::HeaderMap,
+    /// The whole body (UTF-8).
     pub body: String,
 }
 
 impl HttpResponse {
+    /// The body as JSON (panics, showing it, when it is not).
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
 
+    /// The value of header `name`, if present.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|v| v.to_str().unwrap())
     }
@@ -125,6 +130,7 @@ impl TestServer {
             .unwrap();
     }
 
+    /// `method path` with a JSON `body`.
     pub async fn request(&self, method: &str, path: &str, body: &str) -> HttpResponse {
         self.request_with(method, path, &[], body).await
     }
@@ -161,14 +167,17 @@ impl TestServer {
         }
     }
 
+    /// `POST path` with a JSON `body`.
     pub async fn post(&self, path: &str, body: &str) -> HttpResponse {
         self.request("POST", path, body).await
     }
 
+    /// `GET path`.
     pub async fn get(&self, path: &str) -> HttpResponse {
         self.request("GET", path, "").await
     }
 
+    /// A gRPC client of the rate-limit service.
     pub async fn rls(&self) -> RateLimitServiceClient<Channel> {
         RateLimitServiceClient::connect(format!("http://{}", self.grpc))
             .await
@@ -192,102 +201,9 @@ impl Drop for TestServer {
     }
 }
 
-/// A descriptor of `(key, value)` entries.
-pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).to_owned(),
-                value: (*v).to_owned(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-/// A request for `domain` with `descriptors`.
-pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-/// Calls ShouldRateLimit.
-pub async fn should(
-    client: &mut RateLimitServiceClient<Channel>,
-    request: RateLimitRequest,
-) -> RateLimitResponse {
-    client
-        .should_rate_limit(request)
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-pub const OK: i32 = 1;
-pub const OVER_LIMIT: i32 = 2;
-
-/// A loopback address whose port was free a moment ago.
-pub fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// `GET path` over a fresh HTTP/1.1 connection; the whole response, or `None` if none came.
-pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    exchange(
-        addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-}
-
-/// `POST path` with a JSON `body` over a fresh HTTP/1.1 connection; the whole response.
-pub fn http_post(addr: SocketAddr, path: &str, body: &str) -> String {
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    exchange(addr, &request).expect("an answer")
-}
-
-/// Writes a raw `request` on a new connection; the whole response.
-pub fn exchange_raw(addr: SocketAddr, request: &str) -> Option<String> {
-    exchange(addr, request)
-}
-
-/// Writes `request` on a new connection and reads until the server closes it.
-fn exchange(addr: SocketAddr, request: &str) -> Option<String> {
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    conn.write_all(request.as_bytes()).ok()?;
-    let mut response = String::new();
-    conn.read_to_string(&mut response).ok()?;
-    Some(response)
-}
-
-/// Reads until the peer closes (`Ok(bytes)`), within [`upstream::STEP`].
-pub async fn until_closed(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
-    use tokio::io::AsyncReadExt;
-    let step = upstream::STEP;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout(step, stream.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return out,
-            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
-            Err(_) => panic!("still open after {step:?}"),
-        }
-    }
-}
-
-/// Polls `series` until it is `value` (bounded by [`upstream::STEP`]).
+/// Polls `series` until it is `value` (bounded by [`crate::STEP`]).
 pub async fn wait_metric(server: &TestServer, series: &str, value: f64) {
-    let deadline = std::time::Instant::now() + upstream::STEP;
+    let deadline = std::time::Instant::now() + crate::STEP;
     loop {
         let now = server.metric(series).await;
         if now == value {

@@ -1,14 +1,12 @@
 //! Headless Chromium driven over the DevTools protocol (a WebSocket; the client is
-//! tokio-tungstenite): the one browser helper of the workspace's tests, included by
-//! `examples/ws-chat/tests/browser.rs` and `crates/flowgate-server/tests/dashboard_browser.rs`
-//! with `#[path]`.
+//! tokio-tungstenite): the one browser helper of the workspace's tests, used by
+//! `examples/ws-chat/tests/browser.rs` and `crates/flowgate-server/tests/dashboard_browser.rs`.
 //!
 //! Chromium is looked for as `$FLOWGATE_CHROMIUM`, else `chromium`, `chromium-browser`,
 //! `google-chrome-stable` or `google-chrome` on `PATH` (Debian: `apt-get install chromium`).
 //! When it is missing or does not start, [`Chromium::start`] prints a loud message and
 //! answers `None` — unless `FLOWGATE_REQUIRE_CHROMIUM=1`, which makes that a panic (CI sets
 //! it).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -24,7 +22,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async};
 
 /// The flags that keep Chromium from reaching for the network (there is none: without them it
 /// hangs on lookups) or for a GPU and a sandbox (containers have neither).
-pub(crate) const FLAGS: &[&str] = &[
+pub const FLAGS: &[&str] = &[
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -38,12 +36,13 @@ pub(crate) const FLAGS: &[&str] = &[
     "--remote-debugging-port=0",
 ];
 
-/// How long Chromium may take to start, and one DevTools call to answer.
-pub(crate) const START: Duration = Duration::from_secs(30);
-pub(crate) const CALL: Duration = Duration::from_secs(15);
+/// How long Chromium may take to start.
+pub const START: Duration = Duration::from_secs(30);
+/// How long one DevTools call may take to answer.
+pub const CALL: Duration = Duration::from_secs(15);
 
 /// Says loudly why the browser test does not run — or fails, when it is required.
-pub(crate) fn unavailable<T>(why: &str) -> Option<T> {
+pub fn unavailable<T>(why: &str) -> Option<T> {
     if std::env::var("FLOWGATE_REQUIRE_CHROMIUM").as_deref() == Ok("1") {
         panic!("the browser test needs Chromium but FLOWGATE_REQUIRE_CHROMIUM=1: {why}");
     }
@@ -54,7 +53,7 @@ pub(crate) fn unavailable<T>(why: &str) -> Option<T> {
 }
 
 /// The Chromium to run, if there is one.
-pub(crate) fn find_chromium() -> Option<PathBuf> {
+pub fn find_chromium() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("FLOWGATE_CHROMIUM") {
         return Some(PathBuf::from(path));
     }
@@ -73,7 +72,7 @@ pub(crate) fn find_chromium() -> Option<PathBuf> {
 }
 
 /// A headless Chromium with a fresh profile, killed when dropped.
-pub(crate) struct Chromium {
+pub struct Chromium {
     child: Child,
     /// The browser's DevTools endpoint, `ws://127.0.0.1:PORT/devtools/browser/ID`.
     endpoint: String,
@@ -84,7 +83,7 @@ pub(crate) struct Chromium {
 impl Chromium {
     /// Starts Chromium and waits for its DevTools endpoint; `None` (after a loud message) when
     /// it cannot.
-    pub(crate) fn start() -> Option<Chromium> {
+    pub fn start() -> Option<Chromium> {
         let Some(binary) = find_chromium() else {
             return unavailable(
                 "no Chromium found (looked for $FLOWGATE_CHROMIUM, chromium, chromium-browser, google-chrome)",
@@ -132,7 +131,7 @@ impl Chromium {
     }
 
     /// The end of Chromium's own log.
-    pub(crate) fn log(&self) -> String {
+    pub fn log(&self) -> String {
         let log =
             std::fs::read_to_string(self.profile.path().join("stderr.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
@@ -140,7 +139,7 @@ impl Chromium {
     }
 
     /// A new tab, attached.
-    pub(crate) async fn tab(&self) -> Tab {
+    pub async fn tab(&self) -> Tab {
         let (ws, _) = connect_async(self.endpoint.as_str())
             .await
             .unwrap_or_else(|e| panic!("DevTools at {}: {e}", self.endpoint));
@@ -168,7 +167,7 @@ impl Chromium {
 impl Chromium {
     /// Asks the browser to quit (through `tab`, the connection to it), and waits a little for
     /// it and its helper processes to go; whatever is left is killed on drop.
-    pub(crate) async fn quit(mut self, mut tab: Tab) {
+    pub async fn quit(mut self, mut tab: Tab) {
         tab.session = None;
         let _ = tab.call("Browser.close", json!({})).await;
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -186,7 +185,7 @@ impl Drop for Chromium {
 }
 
 /// One tab over the DevTools protocol: commands by id; events are ignored.
-pub(crate) struct Tab {
+pub struct Tab {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     /// The session of the attached page (`None` while talking to the browser itself).
     session: Option<String>,
@@ -195,7 +194,7 @@ pub(crate) struct Tab {
 
 impl Tab {
     /// Sends one command and waits for its answer: the result, or the protocol's error.
-    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Result<Value, String> {
+    pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, String> {
         self.next_id += 1;
         let id = self.next_id;
         let mut command = json!({"id": id, "method": method, "params": params});
@@ -226,7 +225,8 @@ impl Tab {
         }
     }
 
-    pub(crate) async fn navigate(&mut self, url: &str) {
+    /// Opens `url` in the tab.
+    pub async fn navigate(&mut self, url: &str) {
         self.call("Page.navigate", json!({"url": url}))
             .await
             .unwrap();
@@ -234,7 +234,7 @@ impl Tab {
 
     /// Runs `body` in the page as a function's body, with `q` for `document.getElementById`:
     /// what it returns, or the exception it threw.
-    pub(crate) async fn eval(&mut self, body: &str) -> Result<Value, String> {
+    pub async fn eval(&mut self, body: &str) -> Result<Value, String> {
         let expression =
             format!("(() => {{ const q = (id) => document.getElementById(id); {body} }})()");
         let params = json!({"expression": expression, "returnByValue": true, "awaitPromise": true});
@@ -248,7 +248,7 @@ impl Tab {
     /// Runs `body` (as [`eval`](Self::eval) does) until it returns something truthy (errors
     /// while a page loads count as not yet): that value. Panics after `within`, with the last
     /// value seen.
-    pub(crate) async fn wait_for(&mut self, body: &str, within: Duration) -> Value {
+    pub async fn wait_for(&mut self, body: &str, within: Duration) -> Value {
         let deadline = Instant::now() + within;
         loop {
             let value = self.eval(body).await;
@@ -272,7 +272,7 @@ impl Tab {
     }
 
     /// Saves a screenshot of the page to `path` (for a person to look at).
-    pub(crate) async fn screenshot(&mut self, path: &Path) {
+    pub async fn screenshot(&mut self, path: &Path) {
         let shot = self
             .call("Page.captureScreenshot", json!({"format": "png"}))
             .await

@@ -1,8 +1,6 @@
 //! Certificates for the TLS tests, made fresh by each test with rcgen: a CA and leaf
-//! certificates it signs for `localhost` and `127.0.0.1`, as PEM text or files. Included by
-//! `crates/flowgate/tests/redis_tls.rs` and `crates/flowgate-server/tests/tls.rs` with
-//! `#[path]`.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+//! certificates it signs for `localhost` and `127.0.0.1`, as PEM text or files. Used by
+//! `crates/flowgate/tests/redis_tls.rs` and `crates/flowgate-server/tests/tls.rs`.
 
 use std::path::{Path, PathBuf};
 

@@ -1,9 +1,10 @@
-//! Entry points for the fuzz targets under `fuzz/` (feature `fuzzing`).
+//! Entry points for the fuzz targets under `fuzz/` (feature `fuzzing`). They live here, not in
+//! the service's crate, so that the service ships no fuzzing code.
 //!
 //! Each function takes arbitrary bytes and runs them through the code the service runs on
 //! untrusted input — the same functions, not copies — and panics only when an invariant
-//! breaks (a panic is what the fuzzer reports). `tests/fuzz_corpus.rs` runs every committed
-//! corpus file through them on stable, so `cargo test --all-features` keeps the findings.
+//! breaks (a panic is what the fuzzer reports). `crates/flowgate-server/tests/fuzz_corpus.rs`
+//! runs every committed corpus file through them on stable, so `cargo test` keeps the findings.
 //!
 //! | function | input | what runs |
 //! |---|---|---|
@@ -33,12 +34,12 @@ use http::header::{
 };
 use prost::Message as _;
 
-use crate::api::answer;
-use crate::api::limits::InputLimits;
-use crate::api::rls;
-use crate::config::gateway::{EntryConfig, GatewayConfig, Source as EntrySource};
-use crate::config::{Policy, Source};
-use crate::gateway::{descriptors, forward, path};
+use flowgate_server::api::answer;
+use flowgate_server::api::limits::InputLimits;
+use flowgate_server::api::rls;
+use flowgate_server::config::gateway::{EntryConfig, GatewayConfig, Source as EntrySource};
+use flowgate_server::config::{Policy, Source};
+use flowgate_server::gateway::{descriptors, forward, path};
 
 /// The rules decisions are made against: every matching shape (key+value, key only, nested,
 /// unlimited, replaces, shadow) and every algorithm.
@@ -155,7 +156,7 @@ pub fn config(data: &[u8]) {
         text,
     }]) {
         Ok(policy) => {
-            let _ = crate::gateway::effective_config(&policy);
+            let _ = flowgate_server::gateway::effective_config(&policy);
             if let Some(ws) = &policy.websocket {
                 let _ = ws.limits.build();
             }
@@ -208,8 +209,8 @@ pub fn rls_proto(data: &[u8]) {
 /// A JSON body for `POST /json` and for `POST /v1/check`.
 pub fn json(data: &[u8]) {
     for request in [
-        crate::api::http::parse_json(data, &InputLimits::default()),
-        crate::api::http::check::parse_check(data, &InputLimits::default()),
+        flowgate_server::api::http::parse_json(data, &InputLimits::default()),
+        flowgate_server::api::http::check::parse_check(data, &InputLimits::default()),
     ]
     .into_iter()
     .flatten()
@@ -338,7 +339,7 @@ websocket:
 /// configured pointers and with pointers taken from the message's first line, costed and
 /// decided by a connection's limits; a rejection renders its error frame.
 pub fn ws_message(data: &[u8]) {
-    static WS: OnceLock<crate::config::websocket::WebSocketConfig> = OnceLock::new();
+    static WS: OnceLock<flowgate_server::config::websocket::WebSocketConfig> = OnceLock::new();
     let ws = WS.get_or_init(|| {
         let policy = Policy::from_sources(vec![Source {
             path: PathBuf::from("fuzz-ws.yaml"),

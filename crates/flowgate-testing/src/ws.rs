@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -13,19 +12,21 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-/// How long any single step may take before the test fails (never a timing assumption).
-pub const STEP: Duration = Duration::from_secs(10);
+pub use crate::STEP;
 
 /// A WebSocket echo server on 127.0.0.1:0. It echoes text and binary messages, except
 /// `flood:N:SIZE`, which it answers with N binary messages of SIZE bytes. It counts the
 /// messages it received.
 pub struct EchoUpstream {
+    /// Where it listens.
     pub addr: SocketAddr,
+    /// Text and binary messages received so far.
     pub received: Arc<AtomicUsize>,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl EchoUpstream {
+    /// Starts it on 127.0.0.1:0.
     pub async fn start() -> EchoUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -83,11 +84,13 @@ impl EchoUpstream {
         }
     }
 
+    /// `ws://ADDR`.
     pub fn url(&self) -> String {
         format!("ws://{}", self.addr)
     }
 }
 
+/// A client's WebSocket connection.
 pub type Ws = WebSocketStream<TcpStream>;
 
 /// Connects to the gateway at `addr` with `path` and extra `headers`; the HTTP status and
@@ -128,8 +131,11 @@ pub async fn open(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Ws 
 /// What a client read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Got {
+    /// A text message.
     Text(String),
+    /// A binary message of this many bytes.
     Binary(usize),
+    /// A close frame: code and reason.
     Close(u16, String),
     /// The connection ended without a close frame.
     End,
@@ -159,6 +165,12 @@ pub async fn next(ws: &mut Ws) -> Got {
 /// Sends a text message.
 pub async fn send(ws: &mut Ws, text: &str) {
     ws.send(Message::text(text.to_owned())).await.unwrap();
+}
+
+/// Sends a text message to a server that may have closed the connection meanwhile (a client
+/// that keeps sending after its close code): whether it could be sent.
+pub async fn try_send(ws: &mut Ws, text: &str) -> bool {
+    ws.send(Message::text(text.to_owned())).await.is_ok()
 }
 
 /// Whether `got` is an error frame of `scope`.

@@ -1,16 +1,25 @@
-//! Real `redis-server` processes for tests: single servers and Redis Clusters on free loopback
-//! ports, in their own temporary directories, killed (SIGKILL) when dropped. They never touch
-//! a Redis the test did not start.
+//! Real `redis-server` processes for tests: single servers and Redis Clusters on loopback, in
+//! their own temporary directories, killed (SIGKILL) when dropped. They never touch a Redis the
+//! test did not start.
+//!
+//! `redis-server` cannot listen on port 0 (that turns TCP off), so each is started on a
+//! [`candidate_port`] and, when it reports the port taken (`Address already in use`, and exits),
+//! on another; it counts as started when it says `Ready to accept connections`. Both are read
+//! from its own log, never guessed from timing.
 //!
 //! When `redis-server` is not on `PATH`, [`RedisServer::start`] and [`RedisCluster::start`]
 //! return `None` after printing a loud message, so the test can return early — unless
 //! `FLOWGATE_REQUIRE_REDIS=1` (set by CI), which makes them panic instead.
 
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
+
+use crate::net::candidate_port;
 
 /// Whether `redis-server` can be run; panics when it cannot but is required.
 fn available(what: &str) -> bool {
@@ -31,14 +40,6 @@ fn available(what: &str) -> bool {
     found
 }
 
-/// A loopback port that was free a moment ago.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn scratch_dir(port: u16) -> PathBuf {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -50,24 +51,17 @@ fn scratch_dir(port: u16) -> PathBuf {
     dir
 }
 
-/// Waits until `port` answers `PING`, for at most `within`.
-fn wait_ready(port: u16, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        let pong = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .ok()
-            .and_then(|client| {
-                client
-                    .get_connection_with_timeout(Duration::from_millis(200))
-                    .ok()
-            })
-            .is_some_and(|mut conn| redis::cmd("PING").query::<String>(&mut conn).is_ok());
-        if pong {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
+/// How many candidate ports a server is tried on before the test gives up.
+const TRIES: usize = 8;
+
+/// How long `redis-server` may take to say it is ready (or why it is not).
+const START: Duration = Duration::from_secs(30);
+
+/// Why a `redis-server` did not start.
+#[derive(Debug)]
+enum NotStarted {
+    /// It said one of its ports is taken: try others.
+    PortTaken,
 }
 
 /// One `redis-server` process.
@@ -77,6 +71,8 @@ pub struct RedisServer {
     child: Option<Child>,
     /// Its port on 127.0.0.1.
     pub port: u16,
+    /// Its TLS port on 127.0.0.1, when started with [`start_tls`](Self::start_tls).
+    pub tls_port: Option<u16>,
     /// Its working directory (node config for cluster nodes).
     dir: PathBuf,
     /// Extra arguments it was started with (kept for restarts).
@@ -84,55 +80,110 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a server on a free port, or returns `None` (after a loud message) when
-    /// `redis-server` is missing and not required. `what` names the test for that message.
+    /// Starts a server, or returns `None` (after a loud message) when `redis-server` is
+    /// missing and not required. `what` names the test for that message.
     pub fn start(what: &str) -> Option<RedisServer> {
         Self::start_with(what, &[])
     }
 
     /// Like [`start`](Self::start), with extra `redis-server` arguments.
     pub fn start_with(what: &str, extra: &[&str]) -> Option<RedisServer> {
+        Self::launch(what, extra, false)
+    }
+
+    /// Like [`start_with`](Self::start_with), also listening for TLS on [`tls_port`](Self::tls_port)
+    /// (`extra` gives the certificate files: `--tls-cert-file`, …).
+    pub fn start_tls(what: &str, extra: &[&str]) -> Option<RedisServer> {
+        Self::launch(what, extra, true)
+    }
+
+    /// Starts `redis-server` on candidate ports ([`candidate_port`]) until it does not report a
+    /// port as taken (at most [`TRIES`] times).
+    fn launch(what: &str, extra: &[&str], tls: bool) -> Option<RedisServer> {
         if !available(what) {
             return None;
         }
-        for _ in 0..5 {
-            let port = free_port();
+        for _ in 0..TRIES {
+            let port = candidate_port();
             let mut server = RedisServer {
                 child: None,
                 port,
+                tls_port: tls.then(candidate_port),
                 dir: scratch_dir(port),
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             };
-            if server.spawn() {
-                return Some(server);
+            match server.spawn() {
+                Ok(()) => return Some(server),
+                Err(NotStarted::PortTaken) => continue,
             }
         }
-        panic!("{what}: could not start redis-server on a free port");
+        panic!("{what}: redis-server found its port taken {TRIES} times");
     }
 
-    fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
+    /// Runs `redis-server` and waits for it to say it is ready — or that a port is taken (it
+    /// exits then). Any other exit, or no word within [`START`], fails the test with its log.
+    fn spawn(&mut self) -> Result<(), NotStarted> {
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
+            .args(["--save", "", "--appendonly", "no", "--logfile", ""])
             .arg("--dir")
-            .arg(&self.dir)
+            .arg(&self.dir);
+        if let Some(tls_port) = self.tls_port {
+            command.args(["--tls-port", &tls_port.to_string()]);
+        }
+        let mut child = command
             .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn redis-server");
-        self.child = Some(child);
-        if wait_ready(self.port, Duration::from_secs(5)) {
-            return true;
+        let lines = log_lines(&mut child);
+        let deadline = Instant::now() + START;
+        let mut log = String::new();
+        let outcome = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    log.push_str(&line);
+                    log.push('\n');
+                    if line.contains("Ready to accept connections") {
+                        break Ok(());
+                    }
+                    if line.contains("Address already in use") {
+                        break Err(NotStarted::PortTaken);
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = child.kill();
+                    let status = child.wait();
+                    panic!(
+                        "redis-server on port {} exited ({status:?}) before it was ready:\n{log}",
+                        self.port
+                    );
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "redis-server on port {} was not ready within {START:?}:\n{log}",
+                        self.port
+                    );
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                self.child = Some(child);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
         }
-        self.kill();
-        false
-    }
-
-    /// The value it was started with for the argument `name` (e.g. `--tls-port`).
-    pub fn arg(&self, name: &str) -> Option<&str> {
-        let at = self.extra.iter().position(|a| a == name)?;
-        self.extra.get(at + 1).map(String::as_str)
     }
 
     /// `redis://127.0.0.1:{port}`.
@@ -148,14 +199,17 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (after [`kill`](Self::kill)).
+    /// Starts the server again on the same ports (after [`kill`](Self::kill)). Its clients know
+    /// these ports, so it cannot move: if another program took one meanwhile, the test fails
+    /// saying so.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "restart a killed server only");
-        assert!(
-            self.spawn(),
-            "redis-server did not come back on port {}",
-            self.port
-        );
+        if let Err(NotStarted::PortTaken) = self.spawn() {
+            panic!(
+                "port {} (or TLS port {:?}) was taken while its redis-server was down",
+                self.port, self.tls_port
+            );
+        }
     }
 
     /// A synchronous connection, for checking state from the test.
@@ -174,6 +228,31 @@ impl RedisServer {
             .expect("run redis-cli");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+}
+
+/// The lines `child` writes to stdout and stderr, as they come; the channel closes when both
+/// end (the process exited). Both pipes are read to their end, so the process never blocks
+/// on a full pipe; lines nobody waits for any more are dropped.
+fn log_lines(child: &mut Child) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| Box::new(s) as Box<dyn Read + Send>);
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| Box::new(s) as Box<dyn Read + Send>);
+    for stream in [stdout, stderr].into_iter().flatten() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { return };
+                let _ = tx.send(line);
+            }
+        });
+    }
+    rx
 }
 
 impl Drop for RedisServer {
@@ -207,6 +286,27 @@ impl RedisCluster {
         replicas: usize,
         extra: impl Fn() -> Vec<String>,
     ) -> Option<RedisCluster> {
+        Self::create(what, masters, replicas, extra, false)
+    }
+
+    /// Like [`start_with`](Self::start_with), every node also listening for TLS
+    /// ([`RedisServer::start_tls`]; with `--tls-cluster yes` in `extra()`, the cluster bus too).
+    pub fn start_tls(
+        what: &str,
+        masters: usize,
+        replicas: usize,
+        extra: impl Fn() -> Vec<String>,
+    ) -> Option<RedisCluster> {
+        Self::create(what, masters, replicas, extra, true)
+    }
+
+    fn create(
+        what: &str,
+        masters: usize,
+        replicas: usize,
+        extra: impl Fn() -> Vec<String>,
+        tls: bool,
+    ) -> Option<RedisCluster> {
         if !available(what) {
             return None;
         }
@@ -225,7 +325,7 @@ impl RedisCluster {
                 "0",
             ];
             args.extend(more.iter().map(String::as_str));
-            let node = RedisServer::start_with(what, &args)?;
+            let node = RedisServer::launch(what, &args, tls)?;
             nodes.push(node);
         }
         let addresses: Vec<String> = nodes

@@ -19,20 +19,24 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::TestServer;
+use crate::server::TestServer;
 
-/// How long any single step may take before the test fails (never a timing assumption).
-pub const STEP: Duration = Duration::from_secs(10);
+pub use crate::STEP;
 
 /// One request as the upstream saw it.
 #[derive(Debug, Clone)]
 pub struct Seen {
+    /// The request method.
     pub method: String,
+    /// The request target, as received.
     pub uri: String,
+    /// The header fields, as received.
     pub headers: HeaderMap,
+    /// The whole body.
     pub body: Bytes,
 }
 
+/// The body of the upstream's responses.
 pub type UpstreamBody = BoxBody<Bytes, Infallible>;
 
 /// A real upstream on 127.0.0.1:0:
@@ -45,21 +49,29 @@ pub type UpstreamBody = BoxBody<Bytes, Infallible>;
 /// It counts the connections it accepted and those that have ended, and can close its idle
 /// ones (`close_idle`), as an upstream's keep-alive timeout would.
 pub struct Upstream {
+    /// Where it listens.
     pub addr: SocketAddr,
+    /// Every request it answered whole, in order.
     pub seen: Arc<Mutex<Vec<Seen>>>,
     /// Chunks for `/stream`'s body after the first; dropping it ends the body.
     pub release: Option<mpsc::Sender<Bytes>>,
+    /// Connections accepted so far.
     pub accepted: Arc<AtomicUsize>,
+    /// Connections ended so far.
     pub ended: Arc<AtomicUsize>,
+    /// Bumped to close the idle connections (`close_idle`).
     pub close_idle: watch::Sender<u32>,
+    /// Stops accepting when dropped.
     pub _stop: oneshot::Sender<()>,
 }
 
+/// The `n` deterministic bytes `/download/N` answers (for byte-exact comparisons).
 pub fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 31 % 251) as u8).collect()
 }
 
 impl Upstream {
+    /// Starts it on 127.0.0.1:0.
     pub async fn start() -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -116,6 +128,7 @@ impl Upstream {
         }
     }
 
+    /// Connections accepted so far.
     pub fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
     }
@@ -136,15 +149,18 @@ impl Upstream {
         self.close_idle.send_modify(|n| *n += 1);
     }
 
+    /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
+    /// A copy of the requests seen so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 }
 
+/// The upstream's answer to one request (see [`Upstream`]).
 pub async fn answer(
     request: Request<Incoming>,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -224,13 +240,18 @@ pub fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// A response the gateway's client read whole.
 pub struct Answer {
+    /// The status code.
     pub status: u16,
+    /// The response's header fields.
     pub headers: HeaderMap,
+    /// The whole body.
     pub body: Bytes,
 }
 
 impl Answer {
+    /// The value of header `name` (panics when absent).
     pub fn header(&self, name: &str) -> &str {
         self.headers
             .get(name)
@@ -239,11 +260,13 @@ impl Answer {
             .unwrap()
     }
 
+    /// The body as JSON.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap()
     }
 }
 
+/// Sends `request` with `client` and reads the whole answer, each within [`STEP`].
 pub async fn send(
     client: &Client<HttpConnector, Full<Bytes>>,
     request: Request<Full<Bytes>>,
@@ -266,6 +289,7 @@ pub async fn send(
     }
 }
 
+/// `GET path` through `server`'s gateway with extra `headers`, on a fresh client.
 pub async fn get(server: &TestServer, path: &str, headers: &[(&str, &str)]) -> Answer {
     let mut request = Request::get(format!("http://{}{path}", server.gateway.unwrap()));
     for (k, v) in headers {

@@ -14,7 +14,7 @@ use flowgate::{Algorithm, Quota};
 use serde::Deserialize;
 
 /// The table, compiled into the test binary.
-pub const TABLE: &str = include_str!("../conformance/table.toml");
+pub const TABLE: &str = include_str!("../../flowgate/tests/conformance/table.toml");
 
 /// When traces start unless they say otherwise: 2023-11-15T00:00:00Z, a whole number of days
 /// since the epoch, so windows of a second, minute, hour or day start exactly there.
@@ -68,22 +68,34 @@ pub struct Step {
 /// A store call and what it must return.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
-    /// `acquire(cost)` must return exactly this decision.
-    Acquire { cost: u64, expect: Expected },
+    /// `check` of `cost` must return exactly this decision.
+    Check {
+        /// Units asked for.
+        cost: u64,
+        /// What must come back.
+        expect: Expected,
+    },
     /// `refund(units)`.
-    Refund { units: u64 },
+    Refund {
+        /// Units given back.
+        units: u64,
+    },
     /// `reset()`.
     Reset,
 }
 
-/// What an acquire must return.
+/// What a check must return.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Expected {
     /// A decision with these fields (limit is the quota's).
     Decision {
+        /// Whether the units were granted.
         allowed: bool,
+        /// Whole units left.
         remaining: u64,
+        /// Until the cost would be granted (zero when allowed).
         retry_after: Duration,
+        /// Until the state is fully replenished.
         reset_after: Duration,
     },
     /// `StoreError::Capacity`: the cost exceeds the burst.
@@ -154,7 +166,7 @@ fn parse_step(raw: &[toml::Value], trace: &str) -> Step {
                 }
                 other => panic!("{trace}: unknown verdict {other:?}"),
             };
-            Op::Acquire { cost, expect }
+            Op::Check { cost, expect }
         }
         other => panic!("{trace}: unknown operation {other:?}"),
     };
@@ -225,7 +237,7 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
                 .reset(Ask::new(key, quota))
                 .await
                 .unwrap_or_else(|e| panic!("{}: reset failed: {e}", context())),
-            Op::Acquire { cost, expect } => {
+            Op::Check { cost, expect } => {
                 let actual = store.check(Ask::new(key, quota).cost(*cost)).await;
                 match (expect, actual) {
                     (Expected::CapacityError, Err(StoreError::Capacity(_))) => {}

@@ -1,0 +1,67 @@
+//! Helpers shared by the workspace's tests, one module per concern, each behind the feature
+//! that brings its dependencies (a crate's tests build only what they use):
+//!
+//! | module | what | feature |
+//! |---|---|---|
+//! | [`conformance`] | the conformance table (`crates/flowgate/tests/conformance/table.toml`) and its runner | — |
+//! | [`net`] | a port held closed; candidate ports for child processes that bind their own | — |
+//! | [`proxy`] | a TCP proxy on loopback that adds latency or holds traffic (fault tests) | — |
+//! | `redis` | real `redis-server` processes and Redis Clusters | `redis` |
+//! | `server` | a Flowgate server in-process on listeners bound to port 0 | `server` |
+//! | `binary` | the `flowgate` binary as a child process, on the ports it reports | `server` |
+//! | `grpc` | `ShouldRateLimit` requests | `server` |
+//! | `http` | raw HTTP/1.1 exchanges | `server` |
+//! | `upstream` | an HTTP upstream for the gateway, and the gateway's client | `server` |
+//! | `ws` | a WebSocket echo upstream and WebSocket clients | `server` |
+//! | `pki` | a CA and leaf certificates made by each test | `pki` |
+//! | `chromium` | headless Chromium over the DevTools protocol | `chromium` |
+//! | `fuzzing` | the fuzz targets' entry points (`fuzz/`; the corpus replay test) | `fuzzing` |
+//!
+//! Tests that need a program that is absent (`redis-server`, Chromium) skip loudly, or fail
+//! when the matching `FLOWGATE_REQUIRE_*` variable is `1` (CI sets them).
+//!
+//! Every helper panics with a message on failure: they are for tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "server")]
+pub mod binary;
+#[cfg(feature = "chromium")]
+pub mod chromium;
+pub mod conformance;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+#[cfg(feature = "server")]
+pub mod grpc;
+#[cfg(feature = "server")]
+pub mod http;
+pub mod net;
+#[cfg(feature = "pki")]
+pub mod pki;
+pub mod proxy;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "server")]
+pub mod upstream;
+#[cfg(feature = "server")]
+pub mod ws;
+
+use std::time::Duration;
+
+/// How long any single step of a test may take before the test fails: a bound on a wait that
+/// ends by itself, never a timing assumption.
+pub const STEP: Duration = Duration::from_secs(10);
+
+/// How much later than a store's timeout a call may return in the fault tests (`faults.rs`,
+/// `partition.rs`): 5 ms, or `FLOWGATE_FAULT_SLACK_MS` on a machine too loaded to schedule
+/// timers that precisely. The slowest call is printed.
+pub fn fault_slack() -> Duration {
+    Duration::from_millis(
+        std::env::var("FLOWGATE_FAULT_SLACK_MS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5),
+    )
+}
