@@ -374,11 +374,11 @@ pub fn ws_message(data: &[u8]) {
         let classified = ws.classifier.classify(payload);
         let message = classified.message(payload.len());
         match now(session.check(store, &message)) {
-            flowgate::ws::Verdict::Reject(rejection) => {
+            flowgate::ws::Action::Reject(rejection) => {
                 let frame = limiter.error_frame(&rejection);
                 assert!(serde_json::from_str::<serde_json::Value>(&frame).is_ok());
             }
-            flowgate::ws::Verdict::Close(close) => {
+            flowgate::ws::Action::Close(close) => {
                 assert!((1000..5000).contains(&close.code));
                 break;
             }

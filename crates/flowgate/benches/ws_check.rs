@@ -27,7 +27,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flowgate::Quota;
 use flowgate::store::MemoryStore;
-use flowgate::ws::{Client, Message, Verdict, WsLimiter};
+use flowgate::ws::{Action, Client, MessageInfo, WsLimiter};
 
 /// Polls a future that completes without waiting.
 fn now<F: Future>(future: F) -> F::Output {
@@ -86,8 +86,8 @@ fn check(c: &mut Criterion) {
         let mut session = limiter
             .admit(Client::new("192.0.2.1").user("ann").room("lobby"))
             .unwrap();
-        let message = Message::new(64).kind("chat");
-        assert_eq!(now(session.check(&store, &message)), Verdict::Forward);
+        let message = MessageInfo::new(64).kind("chat");
+        assert_eq!(now(session.check(&store, &message)), Action::Forward);
         group.bench_function(name, |b| {
             b.iter(|| black_box(now(session.check(&store, black_box(&message)))))
         });

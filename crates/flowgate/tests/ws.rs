@@ -9,8 +9,8 @@ use flowgate::Quota;
 use flowgate::clock::ManualClock;
 use flowgate::store::MemoryStore;
 use flowgate::ws::{
-    Client, Message, Outcome, PenaltyConfig, Scope, Session, Verdict, WsLimiter, WsPolicyError,
-    close_code,
+    Action, Client, LayerDecision, MessageInfo, PenaltyConfig, Scope, Session, WsLimiter,
+    WsPolicyError, close_code,
 };
 
 const START: u64 = 1_700_000_000_000_000_000;
@@ -21,15 +21,15 @@ fn clock_and_store() -> (ManualClock, MemoryStore<ManualClock>) {
     (clock, store)
 }
 
-fn chat() -> Message<'static> {
-    Message::new(10).kind("chat")
+fn chat() -> MessageInfo<'static> {
+    MessageInfo::new(10).kind("chat")
 }
 
 async fn send(
     session: &mut Session<ManualClock>,
     store: &MemoryStore<ManualClock>,
     n: usize,
-) -> Vec<Verdict> {
+) -> Vec<Action> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(session.check(store, &chat()).await);
@@ -37,8 +37,8 @@ async fn send(
     out
 }
 
-fn forwarded(verdicts: &[Verdict]) -> usize {
-    verdicts.iter().filter(|v| **v == Verdict::Forward).count()
+fn forwarded(verdicts: &[Action]) -> usize {
+    verdicts.iter().filter(|v| **v == Action::Forward).count()
 }
 
 #[tokio::test]
@@ -69,22 +69,22 @@ async fn a_flood_is_rejected_beyond_the_burst_then_closed_and_its_state_released
     assert_eq!(forwarded(&verdicts[..10]), 10);
     let rejections = verdicts
         .iter()
-        .filter(|v| matches!(v, Verdict::Reject(r) if r.scope == Scope::Connection))
+        .filter(|v| matches!(v, Action::Reject(r) if r.scope == Scope::Connection))
         .count();
     assert!((4..=6).contains(&rejections), "{verdicts:?}");
     let close = verdicts
         .iter()
         .find_map(|v| match v {
-            Verdict::Close(c) => Some(c.clone()),
+            Action::Close(c) => Some(c.clone()),
             _ => None,
         })
         .expect("closed after the violations");
     assert_eq!((close.code, close.reason.as_str()), (4008, "slow down"));
     // Every later message gets the same close.
-    assert_eq!(verdicts.last(), Some(&Verdict::Close(close)));
+    assert_eq!(verdicts.last(), Some(&Action::Close(close)));
     // The other client in the room is unaffected.
     assert_eq!(forwarded(&send(&mut quiet, &store, 10).await), 10);
-    let Verdict::Reject(rejection) = send(&mut quiet, &store, 1).await.remove(0) else {
+    let Action::Reject(rejection) = send(&mut quiet, &store, 1).await.remove(0) else {
         panic!("the quiet client's own burst is 10");
     };
     assert!(
@@ -101,7 +101,7 @@ async fn a_flood_is_rejected_beyond_the_burst_then_closed_and_its_state_released
     // What was forwarded is what the connection layer allowed: the flood's burst (and what
     // refilled while it went on) and the quiet client's 10.
     assert_eq!(
-        stats.decisions(Scope::Connection, Outcome::Allowed),
+        stats.decisions(Scope::Connection, LayerDecision::Allowed),
         forwarded(&verdicts) as u64 + 10
     );
 }
@@ -124,19 +124,19 @@ async fn many_members_trip_the_room_limit_slowmode_spaces_and_moderators_are_exe
         .collect();
     let mut passed = 0;
     for session in &mut sessions {
-        if session.check(&store, &chat()).await == Verdict::Forward {
+        if session.check(&store, &chat()).await == Action::Forward {
             passed += 1;
         }
     }
     // Each member sent one message, well within its own 10 per second: the room's 150 bind.
     assert_eq!(passed, 150);
-    let Verdict::Reject(rejection) = sessions[199].check(&store, &chat()).await else {
+    let Action::Reject(rejection) = sessions[199].check(&store, &chat()).await else {
         panic!("the room is full");
     };
     assert_eq!(rejection.scope, Scope::Room);
     // Another room is not affected.
     sessions[0].join("other");
-    assert_eq!(sessions[0].check(&store, &chat()).await, Verdict::Forward);
+    assert_eq!(sessions[0].check(&store, &chat()).await, Action::Forward);
 
     let slow = WsLimiter::builder()
         .clock(clock.clone())
@@ -155,8 +155,8 @@ async fn many_members_trip_the_room_limit_slowmode_spaces_and_moderators_are_exe
                 .room("r"),
         )
         .unwrap();
-    assert_eq!(user.check(&store, &chat()).await, Verdict::Forward);
-    let Verdict::Reject(r) = user.check(&store, &chat()).await else {
+    assert_eq!(user.check(&store, &chat()).await, Action::Forward);
+    let Action::Reject(r) = user.check(&store, &chat()).await else {
         panic!("slowmode")
     };
     assert_eq!(
@@ -164,11 +164,11 @@ async fn many_members_trip_the_room_limit_slowmode_spaces_and_moderators_are_exe
         (Scope::Slowmode, Duration::from_secs(3))
     );
     clock.advance(Duration::from_secs(3));
-    assert_eq!(user.check(&store, &chat()).await, Verdict::Forward);
+    assert_eq!(user.check(&store, &chat()).await, Action::Forward);
     // Slowmode is per room: another room is free.
     assert_eq!(
         user.check(&store, &chat().room("elsewhere")).await,
-        Verdict::Forward
+        Action::Forward
     );
     assert_eq!(forwarded(&send(&mut moderator, &store, 20).await), 20);
 
@@ -280,12 +280,21 @@ async fn upgrade_layers_in_dry_run_admit_and_record_what_they_would_refuse() {
         .collect();
     let stats = limiter.stats();
     // The rate would have refused the 3rd to 5th; the cap of 3 the 4th and 5th.
-    assert_eq!(stats.decisions(Scope::Connect, Outcome::Allowed), 2);
-    assert_eq!(stats.decisions(Scope::Connect, Outcome::DryRun), 3);
-    assert_eq!(stats.decisions(Scope::ConcurrentIp, Outcome::Allowed), 3);
-    assert_eq!(stats.decisions(Scope::ConcurrentIp, Outcome::DryRun), 2);
+    assert_eq!(stats.decisions(Scope::Connect, LayerDecision::Allowed), 2);
+    assert_eq!(stats.decisions(Scope::Connect, LayerDecision::DryRun), 3);
+    assert_eq!(
+        stats.decisions(Scope::ConcurrentIp, LayerDecision::Allowed),
+        3
+    );
+    assert_eq!(
+        stats.decisions(Scope::ConcurrentIp, LayerDecision::DryRun),
+        2
+    );
     // Clients without a user are not counted by the per-user cap.
-    assert_eq!(stats.decisions(Scope::ConcurrentUser, Outcome::Allowed), 0);
+    assert_eq!(
+        stats.decisions(Scope::ConcurrentUser, LayerDecision::Allowed),
+        0
+    );
     assert_eq!(
         stats.refused(Scope::Connect) + stats.refused(Scope::ConcurrentIp),
         0
@@ -301,7 +310,7 @@ async fn upgrade_layers_in_dry_run_admit_and_record_what_they_would_refuse() {
     let _first = enforced.admit(Client::new("198.51.100.8")).unwrap();
     assert!(enforced.admit(Client::new("198.51.100.8")).is_err());
     let stats = enforced.stats();
-    assert_eq!(stats.decisions(Scope::Connect, Outcome::Rejected), 1);
+    assert_eq!(stats.decisions(Scope::Connect, LayerDecision::Rejected), 1);
     assert_eq!(stats.refused(Scope::Connect), 1);
 }
 
@@ -318,14 +327,14 @@ async fn close_after_tolerates_k_rejections_and_closes_on_the_next() {
         .unwrap();
     let mut s = limiter.admit(Client::new("10.7.0.1")).unwrap();
     let verdicts = send(&mut s, &store, 5).await;
-    assert_eq!(verdicts[0], Verdict::Forward);
+    assert_eq!(verdicts[0], Action::Forward);
     for v in &verdicts[1..4] {
         assert!(
-            matches!(v, Verdict::Reject(r) if r.scope == Scope::Connection),
+            matches!(v, Action::Reject(r) if r.scope == Scope::Connection),
             "{v:?}"
         );
     }
-    assert!(matches!(&verdicts[4], Verdict::Close(c) if c.code == close_code::POLICY_VIOLATION));
+    assert!(matches!(&verdicts[4], Action::Close(c) if c.code == close_code::POLICY_VIOLATION));
 
     let mut patient = limiter.admit(Client::new("10.7.0.2")).unwrap();
     let _ = send(&mut patient, &store, 3).await; // one forwarded, two rejected
@@ -334,12 +343,12 @@ async fn close_after_tolerates_k_rejections_and_closes_on_the_next() {
     assert_eq!(
         verdicts
             .iter()
-            .filter(|v| matches!(v, Verdict::Reject(_)))
+            .filter(|v| matches!(v, Action::Reject(_)))
             .count(),
         3,
         "{verdicts:?}"
     );
-    assert!(matches!(verdicts[3], Verdict::Close(_)));
+    assert!(matches!(verdicts[3], Action::Close(_)));
 }
 
 #[tokio::test]
@@ -364,7 +373,7 @@ async fn a_users_connections_share_one_budget_and_roles_get_theirs() {
     let mut passed = 0;
     for round in 0..10 {
         for tab in &mut tabs {
-            if tab.check(&store, &chat()).await == Verdict::Forward {
+            if tab.check(&store, &chat()).await == Action::Forward {
                 passed += 1;
             }
             let _ = round;
@@ -394,29 +403,34 @@ async fn sizes_costs_releases_and_dry_runs() {
     // A type's cost is charged: two subscribes use the whole minute.
     for _ in 0..2 {
         assert_eq!(
-            s.check(&store, &Message::new(10).kind("subscribe")).await,
-            Verdict::Forward
+            s.check(&store, &MessageInfo::new(10).kind("subscribe"))
+                .await,
+            Action::Forward
         );
     }
     assert!(matches!(
-        s.check(&store, &Message::new(10).kind("subscribe")).await,
-        Verdict::Reject(r) if r.scope == Scope::Connection && r.remaining == 0
+        s.check(&store, &MessageInfo::new(10).kind("subscribe")).await,
+        Action::Reject(r) if r.scope == Scope::Connection && r.remaining == 0
     ));
     // Pings are free; unsubscribes are never rejected.
     for _ in 0..20 {
         assert_eq!(
-            s.check(&store, &Message::new(2).kind("ping")).await,
-            Verdict::Forward
+            s.check(&store, &MessageInfo::new(2).kind("ping")).await,
+            Action::Forward
         );
         assert_eq!(
-            s.check(&store, &Message::new(10).kind("unsubscribe")).await,
-            Verdict::Forward
+            s.check(&store, &MessageInfo::new(10).kind("unsubscribe"))
+                .await,
+            Action::Forward
         );
     }
     let stats = limiter.stats();
-    assert_eq!(stats.decisions(Scope::Connection, Outcome::Released), 20);
+    assert_eq!(
+        stats.decisions(Scope::Connection, LayerDecision::Released),
+        20
+    );
     // An oversized message closes with 1009.
-    let Verdict::Close(close) = s.check(&store, &Message::new(501)).await else {
+    let Action::Close(close) = s.check(&store, &MessageInfo::new(501)).await else {
         panic!("too big")
     };
     assert_eq!(close.code, close_code::MESSAGE_TOO_BIG);
@@ -434,8 +448,8 @@ async fn sizes_costs_releases_and_dry_runs() {
     let stats = dry.stats();
     assert_eq!(
         (
-            stats.decisions(Scope::Connection, Outcome::Allowed),
-            stats.decisions(Scope::Connection, Outcome::DryRun)
+            stats.decisions(Scope::Connection, LayerDecision::Allowed),
+            stats.decisions(Scope::Connection, LayerDecision::DryRun)
         ),
         (3, 7)
     );
@@ -456,13 +470,13 @@ async fn a_rejection_by_a_later_layer_gives_the_earlier_ones_units_back() {
     assert_eq!(
         limiter
             .stats()
-            .decisions(Scope::Connection, Outcome::Allowed),
+            .decisions(Scope::Connection, LayerDecision::Allowed),
         10
     );
     let mut other = limiter.admit(Client::new("10.4.0.1").user("cy")).unwrap();
     let _ = &mut other;
     let verdicts = send(&mut s, &store, 1).await;
-    assert!(matches!(&verdicts[0], Verdict::Reject(r) if r.scope == Scope::User));
+    assert!(matches!(&verdicts[0], Action::Reject(r) if r.scope == Scope::User));
 }
 
 #[tokio::test]
@@ -524,7 +538,7 @@ async fn too_many_errors_or_a_flood_far_over_the_rate_close_the_connection() {
     let verdicts = send(&mut f, &store, 21).await;
     assert_eq!(forwarded(&verdicts), 5);
     assert!(
-        matches!(verdicts[20], Verdict::Close(_)),
+        matches!(verdicts[20], Action::Close(_)),
         "{:?}",
         verdicts[20]
     );

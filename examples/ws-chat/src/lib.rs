@@ -43,7 +43,7 @@ use axum::routing::get;
 use flowgate::answer::problem::Problem;
 use flowgate::http::key::{ClientIp, KeyExtractor};
 use flowgate::store::MemoryStore;
-use flowgate::ws::{Client, Close, Message, Refusal, Session, Verdict, WsLimiter};
+use flowgate::ws::{Action, Client, Close, MessageInfo, Refusal, Session, WsLimiter};
 use http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
 use http::{HeaderValue, StatusCode};
 use serde_json::json;
@@ -309,7 +309,7 @@ async fn converse(chat: Arc<Chat>, mut socket: WebSocket, mut session: Session, 
                     said(&chat, &mut session, &member, &room, &text).await
                 }
                 Some(Ok(Frame::Binary(bytes))) => {
-                    judge(&chat, &mut session, Message::new(bytes.len()), |session| {
+                    judge(&chat, &mut session, MessageInfo::new(bytes.len()), |session| {
                         malformed(session, "binary frames are not understood")
                     })
                     .await
@@ -345,7 +345,7 @@ async fn said(
     text: &str,
 ) -> Reply {
     let incoming: Option<Incoming> = serde_json::from_str(text).ok();
-    let mut message = Message::new(text.len());
+    let mut message = MessageInfo::new(text.len());
     message.kind = incoming.as_ref().map(|i| i.kind.as_str());
     judge(chat, session, message, |session| {
         let said = incoming
@@ -379,13 +379,13 @@ async fn said(
 async fn judge(
     chat: &Chat,
     session: &mut Session,
-    message: Message<'_>,
+    message: MessageInfo<'_>,
     act: impl FnOnce(&mut Session) -> Reply,
 ) -> Reply {
     match session.check(&chat.store, &message).await {
-        Verdict::Forward => act(session),
-        Verdict::Reject(rejection) => Reply::Send(chat.limiter.error_frame(&rejection).into()),
-        Verdict::Close(close) => Reply::Close(close),
+        Action::Forward => act(session),
+        Action::Reject(rejection) => Reply::Send(chat.limiter.error_frame(&rejection).into()),
+        Action::Close(close) => Reply::Close(close),
         // A verdict this chat does not know: the message is not delivered.
         _ => Reply::Nothing,
     }

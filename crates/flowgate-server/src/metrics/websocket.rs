@@ -231,7 +231,7 @@ impl Collector for WsCollector {
 
 #[cfg(test)]
 mod tests {
-    use flowgate::ws::{Outcome, Scope};
+    use flowgate::ws::{LayerDecision, Scope};
 
     use super::super::Metrics;
     use super::super::tests::sample;
@@ -243,8 +243,8 @@ mod tests {
         inbound.opened = 5;
         inbound.banned = 1;
         inbound.decisions = vec![
-            (Scope::Connection, Outcome::Allowed, 40),
-            (Scope::Connect, Outcome::DryRun, 3),
+            (Scope::Connection, LayerDecision::Allowed, 40),
+            (Scope::Connect, LayerDecision::DryRun, 3),
         ];
         inbound.refused = vec![(Scope::ConcurrentIp, 4)];
         inbound.closes = vec![(1008, 2), (1009, 1)];
@@ -252,7 +252,7 @@ mod tests {
         inbound.size_buckets = vec![3, 1, 0, 0, 0, 0, 0, 0, 0];
         inbound.size_sum = 300;
         let mut outbound = WsStatsSnapshot::default();
-        outbound.decisions = vec![(Scope::Bytes, Outcome::Rejected, 6)];
+        outbound.decisions = vec![(Scope::Bytes, LayerDecision::Rejected, 6)];
         outbound.closes = vec![(1008, 1), (1013, 1)];
         WsTotals {
             inbound,

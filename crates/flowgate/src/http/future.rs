@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: the check, then the inner call, then the headers.
+//! [`ResponseFuture`]: the store's answer, then the inner call, then the headers.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +13,7 @@ use super::body::ResponseBody;
 use crate::answer::{Answer, Rendered};
 
 /// The store's answer, boxed: store futures are opaque types.
-type Check = Pin<Box<dyn Future<Output = Rendered> + Send>>;
+type Waiting = Pin<Box<dyn Future<Output = Rendered> + Send>>;
 
 pin_project! {
     /// The future of a [`RateLimitService`](super::RateLimitService) call.
@@ -33,8 +33,8 @@ pin_project! {
         S: Service<Request<B>>,
     {
         /// Waiting for the store; then the request goes to `service`.
-        Checking {
-            check: Check,
+        Waiting {
+            waiting: Waiting,
             pending: Option<(S, Request<B>)>,
         },
         /// The inner service is working; its response gets the answer's fields.
@@ -51,10 +51,10 @@ pin_project! {
 }
 
 impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
-    pub(crate) fn check(check: Check, service: S, request: Request<B>) -> Self {
+    pub(crate) fn waiting(waiting: Waiting, service: S, request: Request<B>) -> Self {
         ResponseFuture {
-            state: State::Checking {
-                check,
+            state: State::Waiting {
+                waiting,
                 pending: Some((service, request)),
             },
         }
@@ -88,8 +88,8 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Checking { check, pending } => {
-                    let step = ready!(check.as_mut().poll(cx));
+                StateProj::Waiting { waiting, pending } => {
+                    let step = ready!(waiting.as_mut().poll(cx));
                     let next = match (step, pending.take()) {
                         (Rendered::Pass(answer), Some((mut service, request))) => State::Calling {
                             future: service.call(request),

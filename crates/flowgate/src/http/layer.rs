@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::RateLimitService;
-use super::check::{Options, Shared};
+use super::decide::{Options, Shared};
 use super::error::LimitsError;
 use super::key::{ClientIp, Global, PeerIp};
 use super::limits::{Limit, Limits};

@@ -102,7 +102,7 @@
 //! fallback store is answered 503 (transient) or 500. All are counted in [`RateLimitStats`].
 
 mod body;
-mod check;
+mod decide;
 mod error;
 mod future;
 pub mod key;

@@ -7,7 +7,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::check::{Shared, Step, is_grpc};
+use super::decide::{Shared, Step, is_grpc};
 use super::future::ResponseFuture;
 use crate::answer::Rendered;
 use crate::store::Store;
@@ -79,10 +79,10 @@ where
         };
         let grpc = is_grpc(&parts.headers);
         let request = Request::from_parts(parts, body);
-        let check = Box::pin(self.shared.clone().check(selected, unfinished, grpc));
+        let waiting = Box::pin(self.shared.clone().wait(selected, unfinished, grpc));
         // The instance that was polled ready goes with the request; this one is a fresh clone.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::check(check, ready, request)
+        ResponseFuture::waiting(waiting, ready, request)
     }
 }

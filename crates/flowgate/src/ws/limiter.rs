@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::message::Message;
+use super::action::{Action, Close, Rejection, Scope, close_code};
+use super::message::MessageInfo;
 use super::penalty::PenaltyBox;
 use super::policy::{Rules, WsLimiterBuilder, WsPolicy};
-use super::stats::{Outcome, WsStats, WsStatsSnapshot};
-use super::verdict::{Close, Rejection, Scope, Verdict, close_code};
+use super::stats::{LayerDecision, WsStats, WsStatsSnapshot};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::local::{KeyedRateLimiter, RateLimiter};
@@ -132,19 +132,19 @@ struct Inner<C: Clock> {
 /// [`Session`] (per connection, bytes, per user across connections and instances, per room,
 /// slowmode, roles, costs, a size limit, an error-rate layer), with a verdict ladder (reject
 /// with an error frame, then close) and a dry run per layer. Transport-agnostic: any WebSocket
-/// library hands it [`Message`]s and carries out the [`Verdict`]s. Cheap to clone.
+/// library hands it [`MessageInfo`]s and carries out the [`Action`]s. Cheap to clone.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use flowgate::{store::MemoryStore, ws::{Client, Message, Verdict, WsLimiter}, Quota};
+/// use flowgate::{store::MemoryStore, ws::{Client, MessageInfo, Action, WsLimiter}, Quota};
 ///
 /// let limiter = WsLimiter::builder().messages(Quota::per_second(2)).build()?;
 /// let store = MemoryStore::new();
 /// let mut session = limiter.admit(Client::new("192.0.2.1").user("ann"))?;
-/// assert_eq!(session.check(&store, &Message::new(5)).await, Verdict::Forward);
-/// assert_eq!(session.check(&store, &Message::new(5)).await, Verdict::Forward);
-/// let Verdict::Reject(rejection) = session.check(&store, &Message::new(5)).await else {
+/// assert_eq!(session.check(&store, &MessageInfo::new(5)).await, Action::Forward);
+/// assert_eq!(session.check(&store, &MessageInfo::new(5)).await, Action::Forward);
+/// let Action::Reject(rejection) = session.check(&store, &MessageInfo::new(5)).await else {
 ///     panic!("the third message in a second is over the limit");
 /// };
 /// let frame = limiter.error_frame(&rejection); // send this to the client
@@ -213,12 +213,12 @@ impl<C: Clock + Clone> WsLimiter<C> {
         // Records a layer's decision; true when it refuses the connection.
         let refuses = |scope: Scope, over: bool| {
             let outcome = match (over, rules.is_dry_run(scope)) {
-                (false, _) => Outcome::Allowed,
-                (true, true) => Outcome::DryRun,
-                (true, false) => Outcome::Rejected,
+                (false, _) => LayerDecision::Allowed,
+                (true, true) => LayerDecision::DryRun,
+                (true, false) => LayerDecision::Rejected,
             };
             inner.stats.decided(scope, outcome);
-            outcome == Outcome::Rejected
+            outcome == LayerDecision::Rejected
         };
         let refuse = |scope: Scope, retry_after: Duration, decision: Option<Decision>| {
             inner.stats.refused(scope);
@@ -434,9 +434,13 @@ impl<C: Clock + Clone> Session<C> {
     /// (a [`MemoryStore`](crate::store::MemoryStore) for one instance, Redis for a fleet); the
     /// per-connection layers are in the session. A message passes only if every enforced layer
     /// allows it; units taken from layers that allowed are given back when another rejects.
-    pub async fn check<S: Store + ?Sized>(&mut self, store: &S, message: &Message<'_>) -> Verdict {
+    pub async fn check<S: Store + ?Sized>(
+        &mut self,
+        store: &S,
+        message: &MessageInfo<'_>,
+    ) -> Action {
         if let Some(close) = &self.closed {
-            return Verdict::Close(close.clone());
+            return Action::Close(close.clone());
         }
         let inner = &*self.limiter.inner;
         let rules = &inner.rules;
@@ -445,9 +449,9 @@ impl<C: Clock + Clone> Session<C> {
             && message.size > max
         {
             if rules.is_dry_run(Scope::Size) {
-                inner.stats.decided(Scope::Size, Outcome::DryRun);
+                inner.stats.decided(Scope::Size, LayerDecision::DryRun);
             } else {
-                inner.stats.decided(Scope::Size, Outcome::Rejected);
+                inner.stats.decided(Scope::Size, LayerDecision::Rejected);
                 return self.close(Scope::Size, close_code::MESSAGE_TOO_BIG, "message too big");
             }
         }
@@ -478,13 +482,13 @@ impl<C: Clock + Clone> Session<C> {
                 Err(_) => never_fits(rules, scope, release, limiter.quota()),
             };
             match judged {
-                Judged::Taken => {
-                    inner.stats.decided(scope, Outcome::Allowed);
+                Effect::Taken => {
+                    inner.stats.decided(scope, LayerDecision::Allowed);
                     taken[slot] = units;
                 }
-                Judged::Pass(outcome) => inner.stats.decided(scope, outcome),
-                Judged::Reject(rejection) => {
-                    inner.stats.decided(scope, Outcome::Rejected);
+                Effect::Pass(outcome) => inner.stats.decided(scope, outcome),
+                Effect::Reject(rejection) => {
+                    inner.stats.decided(scope, LayerDecision::Rejected);
                     rejected = Some(rejection);
                     break;
                 }
@@ -495,7 +499,7 @@ impl<C: Clock + Clone> Session<C> {
             return self.violation(rejection);
         }
         match self.check_store(store, message, cost, release).await {
-            None => Verdict::Forward,
+            None => Action::Forward,
             Some(rejection) => {
                 self.give_back(taken);
                 self.violation(rejection)
@@ -517,7 +521,7 @@ impl<C: Clock + Clone> Session<C> {
     async fn check_store<S: Store + ?Sized>(
         &mut self,
         store: &S,
-        message: &Message<'_>,
+        message: &MessageInfo<'_>,
         cost: u64,
         release: bool,
     ) -> Option<Rejection> {
@@ -584,15 +588,15 @@ impl<C: Clock + Clone> Session<C> {
         for ((layer, _), result) in layers.iter().zip(&outcome.results) {
             let rejection = match result {
                 Ok(decision) => match judge(rules, layer.scope, release, decision) {
-                    Judged::Taken => {
-                        inner.stats.decided(layer.scope, Outcome::Allowed);
+                    Effect::Taken => {
+                        inner.stats.decided(layer.scope, LayerDecision::Allowed);
                         continue;
                     }
-                    Judged::Pass(outcome) => {
+                    Effect::Pass(outcome) => {
                         inner.stats.decided(layer.scope, outcome);
                         continue;
                     }
-                    Judged::Reject(rejection) => rejection,
+                    Effect::Reject(rejection) => rejection,
                 },
                 // A store that could not answer (and no fallback decided): not forwarded,
                 // try again shortly; a cost that can never fit: not forwarded, ever.
@@ -612,21 +616,21 @@ impl<C: Clock + Clone> Session<C> {
                     }
                 }
             };
-            inner.stats.decided(layer.scope, Outcome::Rejected);
+            inner.stats.decided(layer.scope, LayerDecision::Rejected);
             first.get_or_insert(rejection);
         }
         first
     }
 
     /// Records a rejection; closes the connection if the violations add up.
-    fn violation(&mut self, rejection: Rejection) -> Verdict {
+    fn violation(&mut self, rejection: Rejection) -> Action {
         let closes = self.violations.as_ref().is_some_and(|v| !v.check().allowed);
         let rules = &self.limiter.inner.rules;
         if closes && !rules.is_dry_run(rejection.scope) {
             let (code, reason) = (rules.ladder.code, rules.close_reason.clone());
             return self.close(rejection.scope, code, &reason);
         }
-        Verdict::Reject(rejection)
+        Action::Reject(rejection)
     }
 
     /// Counts a protocol or application error of this connection (a malformed message, a
@@ -635,20 +639,20 @@ impl<C: Clock + Clone> Session<C> {
         let errors = self.errors.as_ref()?;
         let inner = &*self.limiter.inner;
         if errors.check().allowed {
-            inner.stats.decided(Scope::Errors, Outcome::Allowed);
+            inner.stats.decided(Scope::Errors, LayerDecision::Allowed);
             return None;
         }
         if inner.rules.is_dry_run(Scope::Errors) {
-            inner.stats.decided(Scope::Errors, Outcome::DryRun);
+            inner.stats.decided(Scope::Errors, LayerDecision::DryRun);
             return None;
         }
-        inner.stats.decided(Scope::Errors, Outcome::Rejected);
+        inner.stats.decided(Scope::Errors, LayerDecision::Rejected);
         match self.close(
             Scope::Errors,
             close_code::POLICY_VIOLATION,
             "too many errors",
         ) {
-            Verdict::Close(close) => Some(close),
+            Action::Close(close) => Some(close),
             _ => None,
         }
     }
@@ -661,7 +665,7 @@ impl<C: Clock + Clone> Session<C> {
 
     /// Closes the session: counted, remembered (later messages get the same close), and —
     /// for a violation — a strike in the penalty box.
-    fn close(&mut self, scope: Scope, code: u16, reason: &str) -> Verdict {
+    fn close(&mut self, scope: Scope, code: u16, reason: &str) -> Action {
         let inner = &*self.limiter.inner;
         inner.stats.closed(code);
         if let Some(penalty) = &inner.penalty
@@ -674,29 +678,29 @@ impl<C: Clock + Clone> Session<C> {
         }
         let close = Close::new(scope, code, reason);
         self.closed = Some(close.clone());
-        Verdict::Close(close)
+        Action::Close(close)
     }
 }
 
 /// What a layer's decision means for the message.
-enum Judged {
+enum Effect {
     /// Allowed: units taken.
     Taken,
     /// Forwarded without taking units: a dry run's or a release message's denial.
-    Pass(Outcome),
+    Pass(LayerDecision),
     /// Rejected.
     Reject(Rejection),
 }
 
 /// A message whose cost exceeds the layer's burst: it can never pass (no retry helps).
-fn never_fits(rules: &Rules, scope: Scope, release: bool, quota: &Quota) -> Judged {
+fn never_fits(rules: &Rules, scope: Scope, release: bool, quota: &Quota) -> Effect {
     if release {
-        return Judged::Pass(Outcome::Released);
+        return Effect::Pass(LayerDecision::Released);
     }
     if rules.is_dry_run(scope) {
-        return Judged::Pass(Outcome::DryRun);
+        return Effect::Pass(LayerDecision::DryRun);
     }
-    Judged::Reject(Rejection {
+    Effect::Reject(Rejection {
         scope,
         retry_after: Duration::ZERO,
         limit: quota.limit(),
@@ -704,17 +708,17 @@ fn never_fits(rules: &Rules, scope: Scope, release: bool, quota: &Quota) -> Judg
     })
 }
 
-fn judge(rules: &Rules, scope: Scope, release: bool, decision: &Decision) -> Judged {
+fn judge(rules: &Rules, scope: Scope, release: bool, decision: &Decision) -> Effect {
     if decision.allowed {
-        return Judged::Taken;
+        return Effect::Taken;
     }
     if release {
-        return Judged::Pass(Outcome::Released);
+        return Effect::Pass(LayerDecision::Released);
     }
     if rules.is_dry_run(scope) {
-        return Judged::Pass(Outcome::DryRun);
+        return Effect::Pass(LayerDecision::DryRun);
     }
-    Judged::Reject(Rejection {
+    Effect::Reject(Rejection {
         scope,
         retry_after: decision.retry_after,
         limit: decision.limit,

@@ -1,4 +1,4 @@
-//! What the limiter needs to know about a message ([`Message`]), and reading it from a JSON
+//! What the limiter needs to know about a message ([`MessageInfo`]), and reading it from a JSON
 //! message with JSON pointers ([`Classifier`]).
 
 use std::collections::{HashMap, HashSet};
@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 /// One message as the limiter sees it. Build it yourself (any protocol), or read it from JSON
 /// with a [`Classifier`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Message<'a> {
+pub struct MessageInfo<'a> {
     /// The message's type (`subscribe`, `ping`, `chat`), which picks its cost and whether it
     /// releases resources.
     pub kind: Option<&'a str>,
@@ -19,12 +19,12 @@ pub struct Message<'a> {
     pub room: Option<&'a str>,
 }
 
-impl<'a> Message<'a> {
+impl<'a> MessageInfo<'a> {
     /// A message of `size` bytes and no type.
     pub fn new(size: usize) -> Self {
-        Message {
+        MessageInfo {
             size,
-            ..Message::default()
+            ..MessageInfo::default()
         }
     }
 
@@ -87,7 +87,7 @@ impl Costs {
     /// The cost of `message`: its own (a cost the message carries, e.g. read by a
     /// [`Classifier`] at `classify.cost`, wins over its type's), else its type's, else the
     /// default.
-    pub fn cost_of(&self, message: &Message<'_>) -> u64 {
+    pub fn cost_of(&self, message: &MessageInfo<'_>) -> u64 {
         message.cost.unwrap_or_else(|| {
             message
                 .kind
@@ -97,7 +97,7 @@ impl Costs {
     }
 
     /// Whether `message` releases resources (counted, never rejected).
-    pub fn releases(&self, message: &Message<'_>) -> bool {
+    pub fn releases(&self, message: &MessageInfo<'_>) -> bool {
         message.kind.is_some_and(|k| self.release.contains(k))
     }
 }
@@ -122,7 +122,7 @@ pub struct Classifier {
 }
 
 /// A message as a [`Classifier`] read it; [`message`](Self::message) lends it as a
-/// [`Message`].
+/// [`MessageInfo`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Classified {
     /// The type, if found (a string; numbers are written in decimal).
@@ -135,8 +135,8 @@ pub struct Classified {
 
 impl Classified {
     /// The message of `size` bytes these fields describe.
-    pub fn message(&self, size: usize) -> Message<'_> {
-        Message {
+    pub fn message(&self, size: usize) -> MessageInfo<'_> {
+        MessageInfo {
             kind: self.kind.as_deref(),
             size,
             cost: self.cost,
@@ -224,15 +224,15 @@ mod tests {
         costs.set("subscribe", 5);
         costs.set("ping", 0);
         costs.release("unsubscribe");
-        assert_eq!(costs.cost_of(&Message::new(1).kind("subscribe")), 5);
-        assert_eq!(costs.cost_of(&Message::new(1).kind("ping")), 0);
-        assert_eq!(costs.cost_of(&Message::new(1).kind("chat")), 1);
+        assert_eq!(costs.cost_of(&MessageInfo::new(1).kind("subscribe")), 5);
+        assert_eq!(costs.cost_of(&MessageInfo::new(1).kind("ping")), 0);
+        assert_eq!(costs.cost_of(&MessageInfo::new(1).kind("chat")), 1);
         assert_eq!(
-            costs.cost_of(&Message::new(1).kind("subscribe").cost(80)),
+            costs.cost_of(&MessageInfo::new(1).kind("subscribe").cost(80)),
             80
         );
-        assert!(costs.releases(&Message::new(1).kind("unsubscribe")));
-        assert!(!costs.releases(&Message::new(1)));
+        assert!(costs.releases(&MessageInfo::new(1).kind("unsubscribe")));
+        assert!(!costs.releases(&MessageInfo::new(1)));
     }
 
     #[test]

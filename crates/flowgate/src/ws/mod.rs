@@ -43,7 +43,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use flowgate::{store::MemoryStore, ws::{Client, Message, Verdict, WsLimiter}, Quota};
+//! use flowgate::{store::MemoryStore, ws::{Client, MessageInfo, Action, WsLimiter}, Quota};
 //!
 //! let limiter = WsLimiter::builder()
 //!     .messages(Quota::new(120, Duration::from_secs(60))?)
@@ -52,14 +52,15 @@
 //!     .build()?;
 //! let store = MemoryStore::new();
 //! let mut ann = limiter.admit(Client::new("192.0.2.1").user("ann").room("lobby"))?;
-//! let hello = Message::new(5).kind("chat");
-//! assert_eq!(ann.check(&store, &hello).await, Verdict::Forward);
+//! let hello = MessageInfo::new(5).kind("chat");
+//! assert_eq!(ann.check(&store, &hello).await, Action::Forward);
 //! // Slowmode: a second message within 3 s is rejected with an error frame.
-//! let Verdict::Reject(rejection) = ann.check(&store, &hello).await else { unreachable!() };
+//! let Action::Reject(rejection) = ann.check(&store, &hello).await else { unreachable!() };
 //! assert_eq!(rejection.scope.name(), "slowmode");
 //! # Ok(()) }
 //! ```
 
+mod action;
 mod limiter;
 mod message;
 mod penalty;
@@ -67,14 +68,13 @@ mod policy;
 #[cfg(feature = "tower")]
 mod refusal;
 mod stats;
-mod verdict;
 
-pub use limiter::{Client, Refusal, Session, WsLimiter};
-pub use message::{Classified, Classifier, Costs, Message};
-pub use penalty::PenaltyConfig;
-pub use policy::{CloseAfter, WsLimiterBuilder, WsPolicy, WsPolicyError};
-pub use stats::{Outcome, SIZE_BUCKETS, WsStats, WsStatsSnapshot};
-pub use verdict::{
-    Close, ErrorFrame, MAX_CLOSE_REASON, Rejection, Scope, UnknownPlaceholder, Verdict, close_code,
+pub use action::{
+    Action, Close, ErrorFrame, MAX_CLOSE_REASON, Rejection, Scope, UnknownPlaceholder, close_code,
     is_valid_close_code,
 };
+pub use limiter::{Client, Refusal, Session, WsLimiter};
+pub use message::{Classified, Classifier, Costs, MessageInfo};
+pub use penalty::PenaltyConfig;
+pub use policy::{CloseAfter, WsLimiterBuilder, WsPolicy, WsPolicyError};
+pub use stats::{LayerDecision, SIZE_BUCKETS, WsStats, WsStatsSnapshot};

@@ -6,10 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
+use super::action::{ErrorFrame, MAX_CLOSE_REASON, Scope, close_code, is_valid_close_code};
 use super::limiter::WsLimiter;
 use super::message::Costs;
 use super::penalty::PenaltyConfig;
-use super::verdict::{ErrorFrame, MAX_CLOSE_REASON, Scope, close_code, is_valid_close_code};
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::{Algorithm, Quota};
 
@@ -107,7 +107,7 @@ pub struct WsPolicy {
     /// connection with 1009.
     pub max_message_size: Option<usize>,
     /// Cost per message type (`subscribe` 5, `ping` 0). A cost the message itself carries
-    /// ([`Message::cost`](super::Message::cost)) wins over its type's.
+    /// ([`MessageInfo::cost`](super::MessageInfo::cost)) wins over its type's.
     pub costs: BTreeMap<String, u64>,
     /// The cost of messages of no listed type (default 1).
     pub default_cost: u64,

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http::Response;
 
+use super::action::Scope;
 use super::limiter::{Refusal, WsLimiter};
-use super::verdict::Scope;
 use crate::answer::headers::policy_item_value;
 use crate::answer::problem::Problem;
 use crate::answer::{Answer, LimitReport, Rendered};

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::verdict::Scope;
+use super::action::Scope;
 
 /// What a layer did with a message, or with an upgrade (the connection layers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum LayerDecision {
     /// Allowed (units taken).
     Allowed,
     /// Rejected (a message not forwarded, an error frame sent; an upgrade refused with 429).
@@ -21,22 +21,22 @@ pub enum Outcome {
     Released,
 }
 
-impl Outcome {
+impl LayerDecision {
     /// Every outcome, in a fixed order.
-    pub const ALL: [Outcome; 4] = [
-        Outcome::Allowed,
-        Outcome::Rejected,
-        Outcome::DryRun,
-        Outcome::Released,
+    pub const ALL: [LayerDecision; 4] = [
+        LayerDecision::Allowed,
+        LayerDecision::Rejected,
+        LayerDecision::DryRun,
+        LayerDecision::Released,
     ];
 
     /// The outcome's name in metrics.
     pub const fn name(self) -> &'static str {
         match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Rejected => "rejected",
-            Outcome::DryRun => "dry_run",
-            Outcome::Released => "released",
+            LayerDecision::Allowed => "allowed",
+            LayerDecision::Rejected => "rejected",
+            LayerDecision::DryRun => "dry_run",
+            LayerDecision::Released => "released",
         }
     }
 }
@@ -54,7 +54,7 @@ pub struct WsStats {
     /// Connections refused before the upgrade, by scope.
     refused: [AtomicU64; Scope::ALL.len()],
     /// Decisions (messages, and upgrades for the connection layers), by scope and outcome.
-    decisions: [[AtomicU64; Outcome::ALL.len()]; Scope::ALL.len()],
+    decisions: [[AtomicU64; LayerDecision::ALL.len()]; Scope::ALL.len()],
     /// Messages, by size bucket (`SIZE_BUCKETS`, then `+Inf`).
     sizes: [AtomicU64; SIZE_BUCKETS.len() + 1],
     /// Sum of message sizes.
@@ -70,7 +70,7 @@ impl WsStats {
         self.refused[scope.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn decided(&self, scope: Scope, outcome: Outcome) {
+    pub(crate) fn decided(&self, scope: Scope, outcome: LayerDecision) {
         self.decisions[scope.index()][outcome as usize].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -101,7 +101,7 @@ impl WsStats {
             decisions: Scope::ALL
                 .iter()
                 .flat_map(|s| {
-                    Outcome::ALL
+                    LayerDecision::ALL
                         .iter()
                         .map(move |o| (*s, *o, get(&self.decisions[s.index()][*o as usize])))
                 })
@@ -126,7 +126,7 @@ pub struct WsStatsSnapshot {
     pub refused: Vec<(Scope, u64)>,
     /// Decisions per scope and outcome: messages, and upgrades for the connection layers
     /// (`connect`, `concurrent_ip`, `concurrent_user`, `node`, `penalty`).
-    pub decisions: Vec<(Scope, Outcome, u64)>,
+    pub decisions: Vec<(Scope, LayerDecision, u64)>,
     /// Messages per size bucket: `SIZE_BUCKETS[i]` bytes or less, then larger (not
     /// cumulative).
     pub size_buckets: Vec<u64>,
@@ -140,7 +140,7 @@ pub struct WsStatsSnapshot {
 
 impl WsStatsSnapshot {
     /// The count of `scope`'s decisions with `outcome`.
-    pub fn decisions(&self, scope: Scope, outcome: Outcome) -> u64 {
+    pub fn decisions(&self, scope: Scope, outcome: LayerDecision) -> u64 {
         self.decisions
             .iter()
             .find(|(s, o, _)| *s == scope && *o == outcome)

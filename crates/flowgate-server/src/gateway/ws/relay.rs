@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flowgate::ws::{Message as Judged, Session, Verdict, close_code};
+use flowgate::ws::{Action, MessageInfo, Session, close_code};
 use futures_util::{Sink, Stream};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -401,23 +401,23 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => None,
         };
         let verdict = match (payload, side) {
-            (None, _) => Verdict::Forward,
+            (None, _) => Action::Forward,
             (Some(payload), Side::Client) => {
                 let classified = runtime.config.classifier.classify(payload);
-                let judged: Judged<'_> = classified.message(payload.len());
+                let judged: MessageInfo<'_> = classified.message(payload.len());
                 // Boxed: the decision's future lives only while a message is judged, and an
                 // idle connection should not carry its space (see `docs/service.md`, memory).
                 Box::pin(relay.session.check(store, &judged)).await
             }
             (Some(payload), Side::Upstream) => match relay.outbound.as_mut() {
-                None => Verdict::Forward,
+                None => Action::Forward,
                 Some(outbound) => {
-                    Box::pin(outbound.check(store, &Judged::new(payload.len()))).await
+                    Box::pin(outbound.check(store, &MessageInfo::new(payload.len()))).await
                 }
             },
         };
         match verdict {
-            Verdict::Forward => {
+            Action::Forward => {
                 let target = &mut relay.queues[1 - side as usize];
                 if target.full(cap_messages, cap_bytes) {
                     match policy {
@@ -442,7 +442,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     target.push(message);
                 }
             }
-            Verdict::Reject(rejection) if side == Side::Client => {
+            Action::Reject(rejection) if side == Side::Client => {
                 let text = runtime.limiter.error_frame(&rejection);
                 let to_client = &mut relay.queues[Side::Client as usize];
                 // An error frame that does not fit is dropped: the buffer stays bounded.
@@ -450,7 +450,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     to_client.push(Message::text(text));
                 }
             }
-            Verdict::Close(close) => break Ending::both(frame(close.code, &close.reason)),
+            Action::Close(close) => break Ending::both(frame(close.code, &close.reason)),
             // An upstream message over the outbound limits is dropped (counted); a verdict
             // this gateway does not know is not forwarded either.
             _ => {}

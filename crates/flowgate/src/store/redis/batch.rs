@@ -40,7 +40,7 @@ pub(super) struct Job {
 
 /// Bounds on batching.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Limits {
+pub(super) struct BatchLimits {
     /// Most requests in one batch.
     pub(super) max_batch: usize,
     /// Most batches waiting for Redis at once.
@@ -53,7 +53,7 @@ pub(super) struct Limits {
 pub(super) fn spawn(
     conn: Connection,
     clock: Option<Arc<dyn Clock>>,
-    limits: Limits,
+    limits: BatchLimits,
 ) -> mpsc::UnboundedSender<Job> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(run(rx, conn, clock, limits));
@@ -64,7 +64,7 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Job>,
     conn: Connection,
     clock: Option<Arc<dyn Clock>>,
-    limits: Limits,
+    limits: BatchLimits,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     loop {

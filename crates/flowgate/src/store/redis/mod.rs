@@ -283,7 +283,7 @@ impl RedisStoreBuilder {
         let queue = batch::spawn(
             conn.clone(),
             self.clock.clone(),
-            batch::Limits {
+            batch::BatchLimits {
                 max_batch: self.max_batch,
                 max_in_flight: self.max_in_flight,
                 timeout: self.target.timeout,

@@ -120,7 +120,7 @@ impl<St: Store> Shared<St> {
     }
 
     /// Waits for the store's answers about `selected` and decides.
-    pub(crate) async fn check(
+    pub(crate) async fn wait(
         self: Arc<Self>,
         selected: Vec<Selected>,
         unfinished: Unfinished,

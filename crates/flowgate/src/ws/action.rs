@@ -1,4 +1,4 @@
-//! What becomes of a WebSocket message or connection: [`Verdict`], the [`Scope`] that decided,
+//! What becomes of a WebSocket message or connection: [`Action`], the [`Scope`] that decided,
 //! the error frame a rejected message gets, and the close frames.
 
 use std::fmt::Write as _;
@@ -166,7 +166,7 @@ impl Close {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a verdict says whether to forward, reject or close"]
 #[non_exhaustive]
-pub enum Verdict {
+pub enum Action {
     /// Forward it (every enforced layer allows it, or it releases resources, or a dry run
     /// would have rejected it).
     Forward,
