@@ -44,13 +44,15 @@ impl Outcome {
     }
 
     /// The asks whose units must be given back: none when the request is allowed; otherwise
-    /// every ask that took units from the store (a fallback's decision took none there).
+    /// every ask that took units from the store (a fallback's decision took none there),
+    /// except charges: usage that happened stays charged.
     fn refunds<'o>(&'o self, asks: &'o [Ask<'o>]) -> impl Iterator<Item = usize> + 'o {
         asks.iter()
             .zip(&self.results)
             .enumerate()
             .filter(move |(_, (ask, result))| {
                 !self.allowed
+                    && !ask.charge
                     && ask.cost > 0
                     && matches!(result, Ok(d) if d.allowed && d.fallback.is_none())
             })

@@ -91,6 +91,15 @@ impl State for SlidingWindow {
         *self = state;
     }
 
+    fn charge(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+        if cost > 0 {
+            let (mut state, _) = self.rolled(quota.period_nanos(), now);
+            state.current = super::charged_count(state.current, cost, quota.limit());
+            *self = state;
+        }
+        self.check(quota, 0, now).charged()
+    }
+
     fn idle_at(&self, quota: &Quota) -> Nanos {
         let p = quota.period_nanos();
         if self.current > 0 {
@@ -127,7 +136,7 @@ fn retry_after(state: &SlidingWindow, limit: u64, p: Nanos, elapsed: Nanos, cost
             Some(k) => p - (k.min(p128) as Nanos),
         }
     };
-    if state.current + cost <= limit {
+    if state.current.saturating_add(cost) <= limit {
         // Wait for the previous window's weight to decay (at the latest: the next window).
         fits_from(state.previous, state.current).saturating_sub(elapsed)
     } else {

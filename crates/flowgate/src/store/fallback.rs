@@ -11,6 +11,9 @@
 //!   where `instances` is how many service instances share the store. Together the instances
 //!   then admit about the quota while the store is away.
 //!
+//! A [charge](Ask::charge) is never denied: open and closed record it nowhere (it is lost,
+//! and counted), local charges this instance's share.
+//!
 //! Every such decision has [`Decision::fallback`] set to the mode used, and is counted in
 //! [`FallbackStats`] (for metrics). Errors that retrying cannot fix (a cost above the burst, a
 //! script error) are returned as they are.
@@ -325,12 +328,17 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
     /// Decides `ask` by its mode, without the store.
     fn fall_back(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
         let quota = ask.quota;
-        quota.check_cost(ask.cost)?;
+        ask.check_cost()?;
         let mode = self.mode(ask);
         let decision = match mode {
             FailMode::Open => {
                 self.counters.open.fetch_add(1, Ordering::Relaxed);
-                Decision::allow(quota, quota.burst() - ask.cost, 0)
+                Decision::allow(quota, quota.burst().saturating_sub(ask.cost), 0)
+            }
+            // A charge is usage that happened: never denied, here recorded nowhere.
+            FailMode::Closed if ask.charge => {
+                self.counters.closed.fetch_add(1, Ordering::Relaxed);
+                Decision::allow(quota, quota.burst().saturating_sub(ask.cost), 0)
             }
             FailMode::Closed => {
                 self.counters.closed.fetch_add(1, Ordering::Relaxed);
@@ -339,7 +347,7 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
             FailMode::Local => {
                 self.counters.local.fetch_add(1, Ordering::Relaxed);
                 let share = local_share(quota, self.instances);
-                if ask.cost > share.burst() {
+                if !ask.charge && ask.cost > share.burst() {
                     // More than this instance's share can ever grant: wait for the store.
                     Decision::deny(&share, share.burst(), 0, self.breaker.open_for)
                 } else {

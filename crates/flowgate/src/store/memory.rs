@@ -246,14 +246,11 @@ impl<C: Clock> MemoryStore<C> {
     /// Decides `ask` right now. [`Store::check`] and [`Store::check_now`] call this.
     #[inline]
     pub(crate) fn answer(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
-        let Ask {
-            key, quota, cost, ..
-        } = ask;
-        quota.check_cost(cost)?;
-        let key = self.keys.key(key);
+        ask.check_cost()?;
+        let (key, quota) = (self.keys.key(ask.key), ask.quota);
         Ok(with_map!(self, quota, m => {
             decide(&self.clock, self.lag, |now| {
-                update(m, &key, quota, now, |s| s.check(quota, cost, now))
+                update(m, &key, quota, now, |s| ask.apply(s, now))
             })
         }))
     }
