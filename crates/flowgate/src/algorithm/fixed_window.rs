@@ -53,7 +53,11 @@ impl State for FixedWindow {
             let count = if window == self.window { self.count } else { 0 };
             *self = FixedWindow {
                 window,
-                count: super::charged_count(count, cost, quota.limit()),
+                count: super::charged_count(
+                    count,
+                    cost,
+                    quota.limit().saturating_add(super::MAX_CHARGE),
+                ),
             };
         }
         self.check(quota, 0, now).charged()

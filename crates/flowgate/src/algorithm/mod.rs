@@ -32,7 +32,8 @@
 //!
 //! So that every store (Lua counts in doubles) keeps the same state to the unit, a charge
 //! counts at most [`MAX_CHARGE`] units, a bucket's debt stops growing at [`MAX_DEBT`] beyond a
-//! full bucket's tolerance, and a window's count at `limit + MAX_CHARGE`.
+//! full bucket's tolerance, a fixed window's count at `limit + MAX_CHARGE`, and a sliding
+//! window's counts at 2^32 − 1 (its state is packed in 128 bits; its limit is at most that).
 
 mod fixed_window;
 mod gcra;
@@ -58,12 +59,11 @@ pub const MAX_CHARGE: u64 = 1 << 43;
 /// (about 35.7 years), in nanoseconds. Keeps the Redis scripts' time stamps exact.
 pub const MAX_DEBT: Nanos = (1 << 50) * 1000;
 
-/// A window algorithm's count after charging `cost` on `count` under `limit`: at most
-/// `limit + MAX_CHARGE`, never below `count`.
+/// A window algorithm's count after charging `cost` on `count`: at most `cap`, never below
+/// `count`.
 #[inline]
-pub(crate) fn charged_count(count: u64, cost: u64, limit: u64) -> u64 {
-    let cap = limit.saturating_add(MAX_CHARGE).max(count);
-    count.saturating_add(cost.min(MAX_CHARGE)).min(cap)
+pub(crate) fn charged_count(count: u64, cost: u64, cap: u64) -> u64 {
+    count.saturating_add(cost.min(MAX_CHARGE)).min(cap.max(count))
 }
 
 /// A bucket algorithm's time spoken for ahead of now after charging `cost` on `pending`: at

@@ -16,6 +16,10 @@ use crate::quota::Quota;
 
 use super::State;
 
+/// The most a window's count can hold (charges stop there): the state is packed in 128 bits
+/// with 32 for each count, and `Quota` caps this algorithm's limit at the same.
+const MAX_COUNT: u64 = u32::MAX as u64;
+
 /// Sliding-window state: the current window and the counts of it and the one before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct SlidingWindow {
@@ -94,7 +98,7 @@ impl State for SlidingWindow {
     fn charge(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
         if cost > 0 {
             let (mut state, _) = self.rolled(quota.period_nanos(), now);
-            state.current = super::charged_count(state.current, cost, quota.limit());
+            state.current = super::charged_count(state.current, cost, MAX_COUNT);
             *self = state;
         }
         self.check(quota, 0, now).charged()

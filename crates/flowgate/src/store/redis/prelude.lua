@@ -64,7 +64,8 @@ else
 end
 local refund = ARGV[3] == '1'
 -- A charge (see State::charge in algorithm/mod.rs) always takes its units, into debt past the
--- limit: a bucket's debt stops at MAX_DEBT_U µs beyond τ, a count at the limit + MAX_CHARGE.
+-- limit: a bucket's debt stops at MAX_DEBT_U µs beyond τ, a fixed window's count at the limit +
+-- MAX_CHARGE, a sliding window's at 2^32 − 1.
 local charge = ARGV[3] == '2'
 local MAX_DEBT_U = 1125899906842624
 local MAX_CHARGE = 8796093022208

@@ -3,8 +3,8 @@
 -- Quota block (2): limit, period in µs. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, window, current, previous as read; zeros for a new key.
 
--- a·(u·1000 + r) as four base-2^24 limbs, most significant first. Exact for a < 2^48 (counts
--- stay below 2^32 + 2^44: limit < 2^32, charges add at most 2^43 beyond it),
+-- a·(u·1000 + r) as four base-2^24 limbs, most significant first. Exact for a < 2^32 (counts
+-- never pass 2^32 − 1, charged ones included),
 -- u < 2^51, r < 1000: every partial product stays below 2^53, and divisions by powers of two
 -- are exact.
 local B = 16777216
@@ -81,10 +81,11 @@ for i = 1, #KEYS do
         if prev < 0 then prev = 0 end
       end
     elseif charge then
-      -- Always taken; the count stops at limit + MAX_CHARGE, and never moves back.
+      -- Always taken; the count stops at 2^32 − 1 (the memory store's packing), and never
+      -- moves back.
       status = 1
       if cost > 0 then
-        local cap = limit + MAX_CHARGE
+        local cap = 4294967295
         if cap < cur then cap = cur end
         cur = cur + cost
         if cur > cap then cur = cap end
