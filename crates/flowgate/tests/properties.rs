@@ -321,13 +321,19 @@ fn charge_then_probe<S: State>(
     if out > 0 {
         prop_assert!(!state.clone().check(q, 0, now + out - 1).allowed);
     }
-    prop_assert!(state.clone().check(q, 0, now + out).allowed, "still in debt after {out} ns");
+    prop_assert!(
+        state.clone().check(q, 0, now + out).allowed,
+        "still in debt after {out} ns"
+    );
     // A unit is refused exactly until the retry_after it is told.
     let first = state.clone().check(q, 1, now);
     if !first.allowed {
         let ready = now + crate_nanos(first.retry_after);
         prop_assert!(!state.clone().check(q, 1, ready - 1).allowed);
-        prop_assert!(state.clone().check(q, 1, ready).allowed, "refused at {ready}");
+        prop_assert!(
+            state.clone().check(q, 1, ready).allowed,
+            "refused at {ready}"
+        );
     }
     Ok(())
 }
@@ -410,9 +416,15 @@ fn absurd_charges_stop_at_the_caps() {
     let mut gcra = Gcra::default();
     let d = gcra.charge(&q, u64::MAX, START);
     assert!(d.allowed);
-    assert_eq!(d.reset_after, Duration::from_secs(60) + Duration::from_nanos(MAX_DEBT));
+    assert_eq!(
+        d.reset_after,
+        Duration::from_secs(60) + Duration::from_nanos(MAX_DEBT)
+    );
     let d = gcra.charge(&q, u64::MAX, START);
-    assert_eq!(d.reset_after, Duration::from_secs(60) + Duration::from_nanos(MAX_DEBT));
+    assert_eq!(
+        d.reset_after,
+        Duration::from_secs(60) + Duration::from_nanos(MAX_DEBT)
+    );
     let fq = q.with_algorithm(Algorithm::FixedWindow).unwrap();
     let mut fixed = FixedWindow::default();
     for _ in 0..3 {

@@ -63,7 +63,9 @@ pub const MAX_DEBT: Nanos = (1 << 50) * 1000;
 /// `count`.
 #[inline]
 pub(crate) fn charged_count(count: u64, cost: u64, cap: u64) -> u64 {
-    count.saturating_add(cost.min(MAX_CHARGE)).min(cap.max(count))
+    count
+        .saturating_add(cost.min(MAX_CHARGE))
+        .min(cap.max(count))
 }
 
 /// A bucket algorithm's time spoken for ahead of now after charging `cost` on `pending`: at
@@ -71,7 +73,10 @@ pub(crate) fn charged_count(count: u64, cost: u64, cap: u64) -> u64 {
 #[inline]
 pub(crate) fn charged_span(pending: Nanos, cost: u64, quota: &Quota) -> Nanos {
     let span = cost.min(MAX_CHARGE).saturating_mul(quota.interval_nanos());
-    let cap = quota.tolerance_nanos().saturating_add(MAX_DEBT).max(pending);
+    let cap = quota
+        .tolerance_nanos()
+        .saturating_add(MAX_DEBT)
+        .max(pending);
     pending.saturating_add(span).min(cap)
 }
 

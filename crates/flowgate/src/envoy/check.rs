@@ -237,10 +237,12 @@ impl<'r> Plan<'r> {
                         });
                         Status::Counted(match result {
                             // Peeked only: what the limit would have said, unconsumed.
-                            Ok(decision) if self.blocked_enforced && r.hits > 0 && !r.charge => Ok(Decision {
-                                allowed: decision.remaining >= r.hits,
-                                ..decision
-                            }),
+                            Ok(decision) if self.blocked_enforced && r.hits > 0 && !r.charge => {
+                                Ok(Decision {
+                                    allowed: decision.remaining >= r.hits,
+                                    ..decision
+                                })
+                            }
                             other => other,
                         })
                     }
@@ -362,16 +364,18 @@ mod tests {
         let quota = Quota::per_minute(1000); // GCRA: T = 60 ms
         let rules = RuleSet::build(vec![DomainSpec::new(
             "llm",
-            vec![RuleSpec::new("user").with_limit(
-                LimitSpec::new(Rate::Limited(quota)).charged(),
-            )],
+            vec![RuleSpec::new("user").with_limit(LimitSpec::new(Rate::Limited(quota)).charged())],
         )])
         .unwrap();
         let clock = ManualClock::new(1 << 40);
         let store = MemoryStore::builder().clock(clock.clone()).build();
         let mut request = one("user", "ann");
         request.hits_addend = Some(0);
-        assert!(check(&rules, &store, "llm", &[request.clone()], 0).await.allowed);
+        assert!(
+            check(&rules, &store, "llm", &[request.clone()], 0)
+                .await
+                .allowed
+        );
         // The response used 5000 tokens: charged although the burst is 1000.
         let v = check(&rules, &store, "llm", &[one("user", "ann")], 5000).await;
         assert!(v.allowed && !v.descriptors[0].over_limit());
@@ -389,7 +393,11 @@ mod tests {
         };
         assert_eq!(refused.retry_after, Duration::from_secs(240));
         clock.advance(Duration::from_secs(240) - Duration::from_nanos(1));
-        assert!(!check(&rules, &store, "llm", &[request.clone()], 0).await.allowed);
+        assert!(
+            !check(&rules, &store, "llm", &[request.clone()], 0)
+                .await
+                .allowed
+        );
         clock.advance(Duration::from_nanos(1));
         assert!(check(&rules, &store, "llm", &[request], 0).await.allowed);
         // A descriptor may say it is a charge itself, on any rule.
@@ -398,7 +406,11 @@ mod tests {
         charge.charge = true;
         let v = check(&rules, &store, "d", &[charge], 10).await;
         assert!(v.allowed);
-        assert!(!check(&rules, &store, "d", &[one("user", "a")], 1).await.allowed);
+        assert!(
+            !check(&rules, &store, "d", &[one("user", "a")], 1)
+                .await
+                .allowed
+        );
     }
 
     #[tokio::test]

@@ -314,10 +314,7 @@ impl Store for RedisStore {
         &self,
         asks: &[Ask<'_>],
     ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
-        let jobs: Vec<_> = asks
-            .iter()
-            .map(|a| self.job(a))
-            .collect();
+        let jobs: Vec<_> = asks.iter().map(|a| self.job(a)).collect();
         async move {
             let deadline = tokio::time::Instant::now() + self.inner.timeout;
             // Queue every request before waiting for any, so they can share a batch.

@@ -86,7 +86,9 @@ pub enum UnsupportedQuota {
     },
     /// Counts above 2^53 cannot be kept exactly by Redis's Lua (a fixed window's count can
     /// be charged up to `limit + 2^44`, so its limit stops at 2^52).
-    #[error("the Redis store supports limits up to 2^52 (2^53 for sliding_log) for {algorithm}, got {limit}")]
+    #[error(
+        "the Redis store supports limits up to 2^52 (2^53 for sliding_log) for {algorithm}, got {limit}"
+    )]
     LimitTooLarge {
         /// The algorithm.
         algorithm: Algorithm,
