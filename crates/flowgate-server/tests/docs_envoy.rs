@@ -267,7 +267,11 @@ async fn the_token_budget_charges_what_the_stream_done_call_reports() {
         .arg(&path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let server = TestServer::start(&[("llm.yaml", &rules)]).await;
     let mut client = server.rls().await;
     let call = |hits: u64| {
