@@ -19,6 +19,10 @@
 //!   `X-Forwarded-For`/`Forwarded` replaced unless it is a trusted proxy or the section says
 //!   `forwarded: append`); bodies stream
 //!   both ways without buffering; the upstream's response gets the `RateLimit` headers;
+//! * with `usage_header` (e.g. `x-usage-tokens`): descriptors whose rule has `charge: true`
+//!   are checked with 0 units (refused while the limit is in debt), and when the upstream's
+//!   response head arrives, charged the units that header reports before the head is passed on
+//!   (usage that happened: always taken, into debt past the limit; see docs/service.md);
 //! * upstream unreachable or broken: `502`; no response head within `upstream_timeout`: `504`
 //!   (generic problem bodies: the upstream's address and the error are logged, never sent).
 //!
@@ -180,7 +184,7 @@ impl Gateway {
 
         let active = self.service.active();
         let config = active.policy.gateway.as_ref().unwrap_or(&self.fallback);
-        let descriptors = match descriptors::of_request(config, &parts) {
+        let mut descriptors = match descriptors::of_request(config, &parts) {
             Ok(descriptors) => descriptors,
             Err(rejection) => {
                 return self.problem(
@@ -189,6 +193,7 @@ impl Gateway {
                 );
             }
         };
+        let usage = self.usage(&active, config, &mut descriptors);
         let mut answer = None;
         if !descriptors.is_empty() {
             let verdict = self
@@ -208,8 +213,65 @@ impl Gateway {
         let keep_earlier =
             config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         drop(active);
-        self.forward(peer, parts, body, timeouts, keep_earlier, answer)
+        self.forward(peer, parts, body, timeouts, keep_earlier, answer, usage)
             .await
+    }
+
+    /// With a `usage_header`, the descriptors whose rule charges (`charge: true`): they are
+    /// checked with 0 units now (refused while in debt) and charged the units the upstream
+    /// reports when its response head arrives.
+    fn usage(
+        &self,
+        active: &crate::api::Active,
+        config: &GatewayConfig,
+        descriptors: &mut [flowgate::envoy::Descriptor],
+    ) -> Option<Usage> {
+        let header = config.usage_header.clone()?;
+        let rules = active.policy.rules.domain(&config.domain)?;
+        let mut charged = Vec::new();
+        for d in descriptors.iter_mut() {
+            if rules.find(&d.entries).is_some_and(|rule| rule.charge) {
+                d.hits_addend = Some(0);
+                charged.push(d.clone());
+            }
+        }
+        (!charged.is_empty()).then(|| Usage {
+            header,
+            domain: config.domain.clone(),
+            descriptors: charged,
+        })
+    }
+
+    /// Charges what the upstream's response head reports in `usage.header` before the head
+    /// goes on to the client (one store call, like the check on the way in: the client's next
+    /// request already meets the charge). A value that is not a whole number of at most 32
+    /// bits is logged and ignored.
+    async fn charge_usage(&self, usage: Usage, headers: &http::HeaderMap) {
+        let Some(value) = headers.get(&usage.header) else {
+            return;
+        };
+        let units = match value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+        {
+            Some(0) => return,
+            Some(units) => u64::from(units),
+            None => {
+                tracing::warn!(header = %usage.header, ?value, "usage header is not a 32-bit count; not charged");
+                return;
+            }
+        };
+        let mut descriptors = usage.descriptors;
+        for d in &mut descriptors {
+            d.hits_addend = Some(units);
+        }
+        let active = self.service.active();
+        // A charge is always taken; a store error was counted in the metrics.
+        let _ = self
+            .service
+            .decide(&active, Api::Gateway, &usage.domain, &descriptors, 0)
+            .await;
     }
 
     /// The 429 (or 503, 500) an answer that does not allow stands for.
@@ -253,6 +315,7 @@ impl Gateway {
         timeouts: Timeouts,
         keep_earlier: bool,
         answer: Option<Answer>,
+        usage: Option<Usage>,
     ) -> Response<Body> {
         forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
         let metrics = self.service.metrics().upstream();
@@ -311,6 +374,9 @@ impl Gateway {
         // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
+        if let Some(usage) = usage {
+            self.charge_usage(usage, &parts.headers).await;
+        }
         if let Some(answer) = answer {
             answer.apply(&mut parts.headers);
         }
@@ -320,6 +386,17 @@ impl Gateway {
         let body = IdleBody::new(body, timeouts.body_idle, metrics.response_body_timeouts);
         Response::from_parts(parts, Either::Left(body))
     }
+}
+
+/// What to charge when the upstream's response head arrives.
+#[derive(Debug)]
+struct Usage {
+    /// The response header that says how many units the request used.
+    header: http::HeaderName,
+    /// The domain the descriptors are checked against.
+    domain: String,
+    /// The request's descriptors whose rules charge.
+    descriptors: Vec<flowgate::envoy::Descriptor>,
 }
 
 /// The time limits of one forwarded request.
