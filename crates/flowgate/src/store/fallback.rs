@@ -484,6 +484,30 @@ mod tests {
         }
     }
 
+    /// While the store is away a charge is never denied: open and closed take it nowhere
+    /// (marked), local charges this instance's share into debt.
+    #[tokio::test]
+    async fn charges_fall_back_without_being_denied() {
+        let clock = ManualClock::new(1 << 40);
+        let store = FallbackStore::builder(Flaky::default())
+            .clock(clock.clone())
+            .build();
+        store.inner().down.store(true, Ordering::Relaxed);
+        let q = Quota::per_second(10);
+        for mode in [FailMode::Open, FailMode::Closed, FailMode::Local] {
+            let key = format!("{mode:?}");
+            let charge = Ask::new(&key, &q).cost(50).charge(true).fail(mode);
+            let d = store.check(charge).await.unwrap();
+            assert_eq!((d.allowed, d.fallback), (true, Some(mode)), "{mode:?}");
+            assert_eq!(d.remaining, 0, "{mode:?}");
+        }
+        let local = store
+            .check(Ask::new("Local", &q).fail(FailMode::Local))
+            .await
+            .unwrap();
+        assert!(!local.allowed, "the local share is in debt: {local:?}");
+    }
+
     #[tokio::test]
     async fn breaker_opens_after_threshold_probes_and_closes() {
         let clock = ManualClock::new(1 << 40);

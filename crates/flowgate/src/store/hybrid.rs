@@ -453,6 +453,30 @@ mod tests {
         );
     }
 
+    /// A charge is taken here whatever the allowance, and pushed as a charge: the shared
+    /// store goes into debt, and every instance refuses after the next sync.
+    #[tokio::test]
+    async fn charges_are_taken_and_pushed_into_debt() {
+        let (fleet, memory) = fleet(2);
+        let q = Quota::per_hour(10);
+        let d = fleet[0]
+            .check(Ask::new("k", &q).cost(25).charge(true))
+            .await
+            .unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+        fleet[0].sync_now().await;
+        let shared = memory.peek(Ask::new("k", &q)).await.unwrap();
+        assert!(!shared.allowed, "15 units of debt: {shared:?}");
+        // 15 units beyond the bucket at 6 min each: 90 min until out of debt.
+        assert_eq!(shared.retry_after, Duration::from_secs(90 * 60));
+        for store in &fleet {
+            let _registered = store.check(Ask::new("k", &q).cost(0)).await.unwrap();
+            store.sync_now().await;
+            assert!(!store.check(Ask::new("k", &q)).await.unwrap().allowed);
+        }
+    }
+
     #[tokio::test]
     async fn numbered_instances_share_exactly_what_is_left() {
         let q = Quota::per_hour(100);
