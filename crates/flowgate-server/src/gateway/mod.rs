@@ -213,7 +213,8 @@ impl Gateway {
         let keep_earlier =
             config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         drop(active);
-        self.forward(peer, parts, body, timeouts, keep_earlier, answer, usage)
+        let head = OnHead { answer, usage };
+        self.forward(peer, parts, body, timeouts, keep_earlier, head)
             .await
     }
 
@@ -314,8 +315,7 @@ impl Gateway {
         body: Incoming,
         timeouts: Timeouts,
         keep_earlier: bool,
-        answer: Option<Answer>,
-        usage: Option<Usage>,
+        head: OnHead,
     ) -> Response<Body> {
         forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
         let metrics = self.service.metrics().upstream();
@@ -374,10 +374,10 @@ impl Gateway {
         // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
-        if let Some(usage) = usage {
+        if let Some(usage) = head.usage {
             self.charge_usage(usage, &parts.headers).await;
         }
-        if let Some(answer) = answer {
+        if let Some(answer) = head.answer {
             answer.apply(&mut parts.headers);
         }
         self.service
@@ -386,6 +386,15 @@ impl Gateway {
         let body = IdleBody::new(body, timeouts.body_idle, metrics.response_body_timeouts);
         Response::from_parts(parts, Either::Left(body))
     }
+}
+
+/// What happens when the upstream's response head arrives.
+#[derive(Debug)]
+struct OnHead {
+    /// The decision whose fields (`RateLimit`, …) the head gets.
+    answer: Option<Answer>,
+    /// The usage to charge, from the head's `usage_header`.
+    usage: Option<Usage>,
 }
 
 /// What to charge when the upstream's response head arrives.
