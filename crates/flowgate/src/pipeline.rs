@@ -220,6 +220,24 @@ mod tests {
         assert_eq!(peek("a").await.unwrap().remaining, 6);
     }
 
+    #[tokio::test]
+    async fn a_charge_is_never_refunded_when_another_limit_denies() {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(1 << 40))
+            .build();
+        let (roomy, tight) = (Quota::per_minute(10), Quota::per_minute(1));
+        assert!(decide(&store, &[Ask::new("b", &tight)]).await.allowed);
+        let asks = [
+            Ask::new("a", &roomy).cost(25).charge(true),
+            Ask::new("b", &tight),
+        ];
+        let outcome = decide(&store, &asks).await;
+        assert!(!outcome.allowed);
+        assert!(outcome.results[0].as_ref().unwrap().allowed);
+        let a = store.peek(Ask::new("a", &roomy)).await.unwrap();
+        assert_eq!((a.allowed, a.remaining), (false, 0), "still in debt: {a:?}");
+    }
+
     /// The memory store without its at-once answers: every request goes through the futures.
     struct Waiting(MemoryStore<ManualClock>);
 

@@ -404,10 +404,27 @@ mod tests {
         let (rules, store) = (super::tests::rules(), super::tests::store());
         let mut charge = one("user", "a");
         charge.charge = true;
-        let v = check(&rules, &store, "d", &[charge], 10).await;
+        let v = check(&rules, &store, "d", &[charge.clone()], 10).await;
         assert!(v.allowed);
         assert!(
             !check(&rules, &store, "d", &[one("user", "a")], 1)
+                .await
+                .allowed
+        );
+        // Beside a blocked limit, which denies the request, the charge is still taken (usage
+        // that happened), and never refunded.
+        let mut other = charge;
+        other.entries = vec![Entry::new("user", "b")];
+        let v = check(&rules, &store, "d", &[one("user", "banned"), other], 2).await;
+        assert!(!v.allowed);
+        assert_eq!(remaining(&v, 1), 1, "the charge of 2 was taken: {v:?}");
+        assert!(
+            check(&rules, &store, "d", &[one("user", "b")], 1)
+                .await
+                .allowed
+        );
+        assert!(
+            !check(&rules, &store, "d", &[one("user", "b")], 1)
                 .await
                 .allowed
         );
