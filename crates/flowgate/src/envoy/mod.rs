@@ -21,7 +21,7 @@
 //!
 //! **Checking** ([`check`]). A request names a domain and carries one or more [`Descriptor`]s;
 //! each is matched to at most one rule or carries its own limit override, and every counted
-//! descriptor is asked of the store at once ([`check_all`](crate::limits::check_all)): the
+//! descriptor is asked of the store at once ([`pipeline::decide`](crate::pipeline::decide)): the
 //! request is allowed only if every enforced limit allows, and a denied request consumes
 //! nothing anywhere.
 //!
