@@ -251,3 +251,45 @@ async fn envoys_descriptors_meet_the_flowgate_rules() {
     assert_eq!(names, ["checkout", "per_address"]);
     server.stop().await;
 }
+
+/// The token-budget file of section 5 passes `check-config`, and served, a check (hits 0)
+/// passes, the stream-done call's 5,000 tokens are charged (`OK`, nothing left), and the next
+/// check is refused for about the 240 s the page says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_budget_charges_what_the_stream_done_call_reports() {
+    let rules = block(&doc(), "llm");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("llm.yaml");
+    std::fs::write(&path, &rules).unwrap();
+    let out = Command::new(FLOWGATE)
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = TestServer::start(&[("llm.yaml", &rules)]).await;
+    let mut client = server.rls().await;
+    let call = |hits: u64| {
+        let mut d = descriptor(&[("user", "ann")]);
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+        request("llm", vec![d])
+    };
+    assert_eq!(should(&mut client, call(0)).await.overall_code, OK);
+    let charged = should(&mut client, call(5000)).await;
+    assert_eq!(charged.overall_code, OK);
+    assert_eq!(charged.statuses[0].limit_remaining, 0);
+    let refused = should(&mut client, call(0)).await;
+    assert_eq!(refused.overall_code, OVER_LIMIT);
+    let retry = refused
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == "retry-after")
+        .map(|h| h.value.parse::<u64>().unwrap())
+        .unwrap();
+    assert!((230..=240).contains(&retry), "retry-after: {retry}");
+    server.stop().await;
+}

@@ -405,3 +405,189 @@ async fn absurd_costs_get_the_same_answer_on_every_front_end() {
     assert_eq!(r.json()["descriptors"][0]["remaining"], 999, "{}", r.body);
     server.stop().await;
 }
+
+/// A token budget as Envoy Gateway configures it (`cost.request: {from: Number, number: 0}`,
+/// `cost.response` from metadata): the request path checks with `hits_addend: 0`, and the
+/// post-response call (`apply_on_stream_done`) repeats the same descriptors with the tokens
+/// used. The rule is marked `charge: true`, so that call is a charge.
+const LLM: &str = "domain: llm
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: gcra, charge: true}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: gcra}
+";
+
+/// No IETF field says more remains than the quota, and none is negative.
+fn assert_ietf_valid(headers: impl IntoIterator<Item = (String, String)>) {
+    for (name, value) in headers {
+        let name = name.to_ascii_lowercase();
+        if !name.starts_with("ratelimit") && name != "retry-after" {
+            continue;
+        }
+        assert!(
+            !value.contains('-') || name != "ratelimit",
+            "{name}: {value}"
+        );
+        assert!(!value.contains("=-"), "{name}: {value}");
+        if name == "ratelimit" {
+            let r: u64 = field(&value, "r");
+            assert!(r <= 1000, "{name}: {value}");
+        }
+    }
+}
+
+fn field(value: &str, name: &str) -> u64 {
+    value
+        .split(';')
+        .find_map(|p| p.trim().strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {value}"))
+        .parse()
+        .unwrap()
+}
+
+/// Charge 5000 tokens on a 1000/min limit: the charge is taken (OK, nothing left, reset five
+/// minutes away), and the next request is refused until the debt is repaid: 240 s at one
+/// token per 60 ms. Over gRPC, `/json` (a charged rule) and `/v1/check` (`"charge": true`).
+/// The server's clock is real: the figures allow for the test's own running time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_runs_the_limit_into_debt_on_every_front_end() {
+    let server = TestServer::start(&[("llm.yaml", LLM)]).await;
+    let about = |d: std::time::Duration, secs: u64| {
+        let s = d.as_secs_f64();
+        assert!(
+            s <= secs as f64 && s > secs as f64 - 10.0,
+            "{d:?} is not about {secs} s"
+        );
+    };
+    // gRPC, as Envoy sends it.
+    let mut client = server.rls().await;
+    let user = |hits: u64| {
+        let mut d = descriptor(&[("user", "ann")]);
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+        request("llm", vec![d])
+    };
+    assert_eq!(should(&mut client, user(0)).await.overall_code, OK);
+    let charged = should(&mut client, user(5000)).await;
+    assert_eq!(
+        charged.overall_code, OK,
+        "a charge is always taken: {charged:?}"
+    );
+    let status = &charged.statuses[0];
+    assert_eq!(status.limit_remaining, 0);
+    let reset = status.duration_until_reset.unwrap();
+    about(std::time::Duration::from_secs(reset.seconds as u64), 300);
+    assert_ietf_valid(
+        charged
+            .response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone())),
+    );
+    let refused = should(&mut client, user(0)).await;
+    assert_eq!(refused.overall_code, OVER_LIMIT, "{refused:?}");
+    let retry = refused
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case("retry-after"))
+        .map(|h| h.value.parse::<u64>().unwrap())
+        .expect("Retry-After");
+    about(std::time::Duration::from_secs(retry), 240);
+
+    // /json: the same rule, another user; Envoy's per-descriptor hits_addend.
+    let json = |hits: u64| {
+        format!(
+            r#"{{"domain":"llm","descriptors":[{{"entries":[{{"key":"user","value":"bob"}}],"hits_addend":{hits}}}]}}"#
+        )
+    };
+    let r = server.post("/json", &json(5000)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["overallCode"], "OK", "{}", r.body);
+    assert_eq!(
+        r.json()["statuses"][0]["limitRemaining"]
+            .as_u64()
+            .unwrap_or(0),
+        0
+    );
+    assert_ietf_valid(
+        r.headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned())),
+    );
+    let r = server.post("/json", &json(0)).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    about(std::time::Duration::from_secs(retry), 240);
+
+    // /v1/check: a rule that does not charge, and a request that says it is a charge.
+    let check = |charge: bool, hits: u64| {
+        format!(
+            r#"{{"domain":"llm","charge":{charge},"descriptors":[{{"entries":[{{"key":"tenant","value":"t"}}],"hits_addend":{hits}}}]}}"#
+        )
+    };
+    let r = server.post("/v1/check", &check(true, 5000)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let d = &r.json()["descriptors"][0];
+    assert_eq!(
+        (d["allowed"].as_bool(), d["remaining"].as_u64()),
+        (Some(true), Some(0)),
+        "{}",
+        r.body
+    );
+    about(
+        std::time::Duration::from_millis(d["reset_after_ms"].as_u64().unwrap()),
+        300,
+    );
+    about(
+        std::time::Duration::from_millis(d["retry_after_ms"].as_u64().unwrap()),
+        240,
+    );
+    assert_ietf_valid(
+        r.headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned())),
+    );
+    let r = server.post("/v1/check", &check(false, 1)).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    // A unit fits one emission interval (60 ms) after the debt is repaid.
+    let d = &r.json()["descriptors"][0];
+    let retry_ms = d["retry_after_ms"].as_u64().unwrap();
+    assert!(retry_ms <= 240_060 && retry_ms > 230_060, "{}", r.body);
+    // Without the flag, the same cost on that rule can never fit: refused, nothing taken.
+    let r = server.post("/v1/check", &check(false, 5000)).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    server.stop().await;
+}
+
+/// A cost beyond 32 bits, or beyond any integer, is a clear 400 (gRPC `INVALID_ARGUMENT`) on
+/// every front end, charged or not: never a panic, never a wrapped number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_charges_are_refused_as_invalid_on_every_front_end() {
+    let server = TestServer::start(&[("llm.yaml", LLM)]).await;
+    let mut client = server.rls().await;
+    let mut d = descriptor(&[("user", "ann")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 << 32 });
+    let status = client
+        .should_rate_limit(request("llm", vec![d]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("hits_addend must fit in 32 bits"),
+        "{status:?}"
+    );
+    for hits in ["4294967296", "18446744073709551616", "1e30", "-1"] {
+        for (path, extra) in [("/json", ""), ("/v1/check", r#""charge":true,"#)] {
+            let body = format!(
+                r#"{{"domain":"llm",{extra}"descriptors":[{{"entries":[{{"key":"user","value":"ann"}}],"hits_addend":{hits}}}]}}"#
+            );
+            let r = server.post(path, &body).await;
+            assert_eq!(r.status, 400, "{path} {hits}: {}", r.body);
+            assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        }
+    }
+    // Nothing was taken.
+    let one = r#"{"domain":"llm","descriptors":[{"entries":[{"key":"user","value":"ann"}]}]}"#;
+    let r = server.post("/v1/check", one).await;
+    assert_eq!(r.json()["descriptors"][0]["remaining"], 999, "{}", r.body);
+    server.stop().await;
+}

@@ -414,3 +414,49 @@ descriptors:
     );
     server.stop().await;
 }
+
+/// With `usage_header`, the gateway checks `charge: true` rules with 0 units on the way in and
+/// charges what the upstream reports: 5,000 tokens on a 1,000-per-minute budget leave the user
+/// refused for the 240 s the debt takes to repay, while the per-address rule counts requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_charges_the_usage_the_upstream_reports() {
+    let upstream = Upstream::start().await;
+    let yaml = r#"
+domain: edge
+gateway:
+  usage_header: x-usage-tokens
+  descriptors:
+    - [{key: remote_address}]
+    - [{key: header, header: x-user, as: user}]
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 100, name: per_ip}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: gcra, charge: true, name: tokens}
+"#;
+    let server = gateway(yaml, &upstream.url()).await;
+    let answered = get(&server, "/usage/5000", &[("x-user", "ann")]).await;
+    assert_eq!(answered.status, 200);
+    let refused = get(&server, "/", &[("x-user", "ann")]).await;
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("retry-after").parse().unwrap();
+    assert!((230..=240).contains(&retry), "retry-after: {retry}");
+    // Another user is not charged; the per-address limit counted requests, not tokens (the
+    // refused one took nothing).
+    let other = get(&server, "/", &[("x-user", "bob")]).await;
+    assert_eq!(other.status, 201);
+    assert!(
+        other.header("ratelimit").contains(r#""per_ip";r=98"#),
+        "{}",
+        other.header("ratelimit")
+    );
+    // A usage header that is not a 32-bit count is ignored.
+    assert_eq!(
+        get(&server, "/usage/99999999999", &[("x-user", "bob")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(get(&server, "/", &[("x-user", "bob")]).await.status, 201);
+    server.stop().await;
+}

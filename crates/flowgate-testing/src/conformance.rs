@@ -56,6 +56,15 @@ pub struct Trace {
     pub steps: Vec<Step>,
 }
 
+impl Trace {
+    /// Whether the trace charges (usage that already happened; see `Ask::charge`).
+    pub fn charges(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s.op, Op::Check { charge: true, .. }))
+    }
+}
+
 /// One call and its expected outcome.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
@@ -68,10 +77,12 @@ pub struct Step {
 /// A store call and what it must return.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
-    /// `check` of `cost` must return exactly this decision.
+    /// `check` of `cost` (a charge when `charge`) must return exactly this decision.
     Check {
         /// Units asked for.
         cost: u64,
+        /// Whether the units are charged (always taken, into debt) rather than checked.
+        charge: bool,
         /// What must come back.
         expect: Expected,
     },
@@ -155,10 +166,10 @@ fn parse_step(raw: &[toml::Value], trace: &str) -> Step {
             let verdict = raw[2].as_str().expect("verdict");
             let expect = match verdict {
                 "error" => Expected::CapacityError,
-                "allow" | "deny" => {
+                "allow" | "deny" | "charge" => {
                     assert_eq!(raw.len(), 6, "{trace}: step {raw:?} needs 6 fields");
                     Expected::Decision {
-                        allowed: verdict == "allow",
+                        allowed: verdict != "deny",
                         remaining: raw[3].as_integer().expect("remaining") as u64,
                         retry_after: duration(&raw[4]),
                         reset_after: duration(&raw[5]),
@@ -166,7 +177,11 @@ fn parse_step(raw: &[toml::Value], trace: &str) -> Step {
                 }
                 other => panic!("{trace}: unknown verdict {other:?}"),
             };
-            Op::Check { cost, expect }
+            Op::Check {
+                cost,
+                charge: verdict == "charge",
+                expect,
+            }
         }
         other => panic!("{trace}: unknown operation {other:?}"),
     };
@@ -209,11 +224,23 @@ pub fn traces() -> Vec<Trace> {
 /// Replays every trace against `store`, whose time must come from `clock`. Keys are
 /// `{key_prefix}{n}`, one per trace. Panics on the first difference.
 pub async fn run_table<S: Store>(store: &S, clock: &ManualClock, key_prefix: &str) {
+    run_table_where(store, clock, key_prefix, |_| true).await;
+}
+
+/// [`run_table`] for the traces `keep` keeps (for limiters that cannot charge).
+pub async fn run_table_where<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    key_prefix: &str,
+    keep: impl Fn(&Trace) -> bool,
+) {
     let traces = traces();
     assert!(traces.len() >= 30, "the table lost traces");
     for (n, trace) in traces.iter().enumerate() {
-        let key = format!("{key_prefix}{n}");
-        run_trace(store, clock, &key, trace).await;
+        if keep(trace) {
+            let key = format!("{key_prefix}{n}");
+            run_trace(store, clock, &key, trace).await;
+        }
     }
 }
 
@@ -237,8 +264,13 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
                 .reset(Ask::new(key, quota))
                 .await
                 .unwrap_or_else(|e| panic!("{}: reset failed: {e}", context())),
-            Op::Check { cost, expect } => {
-                let actual = store.check(Ask::new(key, quota).cost(*cost)).await;
+            Op::Check {
+                cost,
+                charge,
+                expect,
+            } => {
+                let ask = Ask::new(key, quota).cost(*cost).charge(*charge);
+                let actual = store.check(ask).await;
                 match (expect, actual) {
                     (Expected::CapacityError, Err(StoreError::Capacity(_))) => {}
                     (
@@ -269,7 +301,7 @@ pub async fn run_trace<S: Store>(store: &S, clock: &ManualClock, key: &str, trac
                             None,
                         );
                         assert_eq!(got, expected, "{}", context());
-                        if actual.allowed && *cost > 0 {
+                        if actual.allowed && *cost > 0 && !charge {
                             granted.push((now, *cost));
                         }
                     }

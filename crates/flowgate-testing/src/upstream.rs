@@ -194,6 +194,13 @@ pub async fn answer(
         });
         return Response::new(body.boxed());
     }
+    if let Some(n) = path.strip_prefix("/usage/") {
+        // What an LLM upstream reports after answering: the tokens the request used.
+        return Response::builder()
+            .header("x-usage-tokens", n)
+            .body(Full::new(Bytes::from_static(b"answered")).boxed())
+            .unwrap();
+    }
     if path == "/close" {
         return Response::builder()
             .header("connection", "close")

@@ -39,7 +39,9 @@ pub struct Decision {
     /// Time until the limit is fully replenished (bucket full, window over, log empty); zero
     /// when it already is.
     pub reset_after: Duration,
-    /// When denied: time until `cost` units would be granted. Zero when allowed.
+    /// When denied: time until `cost` units would be granted. Zero when allowed — except for
+    /// a charge ([`Ask::charge`](crate::store::Ask::charge)), which is always allowed and
+    /// says here how long until the key is out of the debt it ran into.
     pub retry_after: Duration,
     /// Set when the store could not be asked and a [`FailMode`] decided instead.
     pub fallback: Option<FailMode>,
@@ -93,6 +95,14 @@ impl Decision {
             retry_after: period.max(Duration::from_nanos(1)),
             fallback: None,
         }
+    }
+
+    /// The answer to a charge: this peek at the state after it, with `allowed` set (the
+    /// charge was taken); `retry_after` stays the time until the key is out of debt.
+    #[inline]
+    pub(crate) fn charged(mut self) -> Self {
+        self.allowed = true;
+        self
     }
 
     /// A decision taken by a [`FailMode`] instead of the store, marked as such.

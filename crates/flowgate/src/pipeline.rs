@@ -44,13 +44,15 @@ impl Outcome {
     }
 
     /// The asks whose units must be given back: none when the request is allowed; otherwise
-    /// every ask that took units from the store (a fallback's decision took none there).
+    /// every ask that took units from the store (a fallback's decision took none there),
+    /// except charges: usage that happened stays charged.
     fn refunds<'o>(&'o self, asks: &'o [Ask<'o>]) -> impl Iterator<Item = usize> + 'o {
         asks.iter()
             .zip(&self.results)
             .enumerate()
             .filter(move |(_, (ask, result))| {
                 !self.allowed
+                    && !ask.charge
                     && ask.cost > 0
                     && matches!(result, Ok(d) if d.allowed && d.fallback.is_none())
             })
@@ -216,6 +218,24 @@ mod tests {
         assert!(!outcome.allowed);
         assert!(matches!(outcome.results[1], Err(StoreError::Capacity(_))));
         assert_eq!(peek("a").await.unwrap().remaining, 6);
+    }
+
+    #[tokio::test]
+    async fn a_charge_is_never_refunded_when_another_limit_denies() {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(1 << 40))
+            .build();
+        let (roomy, tight) = (Quota::per_minute(10), Quota::per_minute(1));
+        assert!(decide(&store, &[Ask::new("b", &tight)]).await.allowed);
+        let asks = [
+            Ask::new("a", &roomy).cost(25).charge(true),
+            Ask::new("b", &tight),
+        ];
+        let outcome = decide(&store, &asks).await;
+        assert!(!outcome.allowed);
+        assert!(outcome.results[0].as_ref().unwrap().allowed);
+        let a = store.peek(Ask::new("a", &roomy)).await.unwrap();
+        assert_eq!((a.allowed, a.remaining), (false, 0), "still in debt: {a:?}");
     }
 
     /// The memory store without its at-once answers: every request goes through the futures.

@@ -8,7 +8,7 @@ use flowgate::KeyedRateLimiter;
 use flowgate::clock::ManualClock;
 use flowgate::store::{Ask, MemoryStore, Store, StoreError};
 use flowgate::{Decision, Quota};
-use flowgate_testing::conformance::{DEFAULT_START, run_table, traces};
+use flowgate_testing::conformance::{DEFAULT_START, run_table, run_table_where, traces};
 
 #[tokio::test]
 async fn memory_store_passes_the_conformance_table() {
@@ -41,6 +41,7 @@ fn the_table_covers_every_algorithm_and_the_required_cases() {
         "boundary spike",
         "never exceeds its limit in any window",
         "refund",
+        "charge past the limit",
     ] {
         assert!(
             names.iter().any(|n| n.contains(case)),
@@ -101,5 +102,16 @@ async fn keyed_in_process_limiters_pass_the_conformance_table() {
         clock: clock.clone(),
         limiters: Default::default(),
     };
-    run_table(&store, &clock, "local:").await;
+    // The in-process limiters take no charges (that is a store's verb).
+    run_table_where(&store, &clock, "local:", |t| !t.charges()).await;
+}
+
+#[tokio::test]
+async fn fallback_store_over_memory_passes_the_conformance_table() {
+    let clock = ManualClock::new(DEFAULT_START);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let store = flowgate::store::FallbackStore::builder(memory)
+        .clock(clock.clone())
+        .build();
+    run_table(&store, &clock, "fallback:").await;
 }

@@ -299,3 +299,145 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------------ charges
+
+/// Each algorithm's state, boxed behind one interface for the charge properties.
+fn charge_then_probe<S: State>(
+    q: &Quota,
+    steps: &[(u64, u64)],
+    charge: u64,
+) -> Result<(), TestCaseError> {
+    let mut state = S::default();
+    let mut now = START;
+    for &(advance, cost) in steps {
+        now += (q.period().as_nanos() as u64) * advance / 64;
+        let _ = state.check(q, cost.min(q.burst()), now);
+    }
+    let charged = state.charge(q, charge, now);
+    prop_assert!(charged.allowed, "a charge is always taken");
+    // Out of debt exactly when the charge said: a peek is allowed then, not a nanosecond before.
+    let out = crate_nanos(charged.retry_after);
+    if out > 0 {
+        prop_assert!(!state.clone().check(q, 0, now + out - 1).allowed);
+    }
+    prop_assert!(
+        state.clone().check(q, 0, now + out).allowed,
+        "still in debt after {out} ns"
+    );
+    // A unit is refused exactly until the retry_after it is told.
+    let first = state.clone().check(q, 1, now);
+    if !first.allowed {
+        let ready = now + crate_nanos(first.retry_after);
+        prop_assert!(!state.clone().check(q, 1, ready - 1).allowed);
+        prop_assert!(
+            state.clone().check(q, 1, ready).allowed,
+            "refused at {ready}"
+        );
+    }
+    Ok(())
+}
+
+fn crate_nanos(d: Duration) -> Nanos {
+    d.as_nanos() as Nanos
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// A charge on a fresh bucket is repaid at exactly the refill rate: `c` units at `t0` leave
+    /// the key refused until `t0 + c·T + T − τ` (one unit fits again), through the memory store
+    /// with an injected clock.
+    #[test]
+    fn a_bucket_charge_is_repaid_at_exactly_the_refill_rate(
+        q in prop_oneof![quota(Algorithm::Gcra), quota(Algorithm::LeakyBucket)],
+        times_burst in 0u64..=5,
+        extra in 0u64..=40,
+    ) {
+        use flowgate::clock::ManualClock;
+        use flowgate::store::{Ask, MemoryStore, Store};
+        let clock = ManualClock::new(START);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let charge = q.burst() * times_burst + extra;
+        let t = q.emission_interval().as_nanos() as Nanos;
+        let tau = q.burst() * t;
+        let charged = store
+            .check_now(Ask::new("k", &q).cost(charge).charge(true))
+            .unwrap()
+            .unwrap();
+        prop_assert!(charged.allowed);
+        prop_assert_eq!(crate_nanos(charged.retry_after), (charge * t).saturating_sub(tau));
+        prop_assert_eq!(crate_nanos(charged.reset_after), charge * t);
+        if charge >= q.burst() {
+            prop_assert_eq!(charged.remaining, 0);
+        }
+        let ready = START + (charge * t + t).saturating_sub(tau);
+        if ready > START {
+            clock.set(ready - 1);
+            let refused = store.check_now(Ask::new("k", &q)).unwrap().unwrap();
+            prop_assert!(!refused.allowed);
+            prop_assert_eq!(refused.retry_after, Duration::from_nanos(1));
+        }
+        clock.set(ready);
+        prop_assert!(store.check_now(Ask::new("k", &q)).unwrap().unwrap().allowed);
+    }
+
+    #[test]
+    fn charges_are_refused_exactly_until_repaid_for_gcra(q in quota(Algorithm::Gcra), s in steps(), c in 0u64..100) {
+        charge_then_probe::<Gcra>(&q, &s, c)?;
+    }
+
+    #[test]
+    fn charges_are_refused_exactly_until_repaid_for_leaky_bucket(q in quota(Algorithm::LeakyBucket), s in steps(), c in 0u64..100) {
+        charge_then_probe::<LeakyBucket>(&q, &s, c)?;
+    }
+
+    #[test]
+    fn charges_are_refused_exactly_until_repaid_for_fixed_window(q in quota(Algorithm::FixedWindow), s in steps(), c in 0u64..100) {
+        charge_then_probe::<FixedWindow>(&q, &s, c)?;
+    }
+
+    #[test]
+    fn charges_are_refused_exactly_until_repaid_for_sliding_window(q in quota(Algorithm::SlidingWindow), s in steps(), c in 0u64..100) {
+        charge_then_probe::<SlidingWindow>(&q, &s, c)?;
+    }
+
+    #[test]
+    fn charges_are_refused_exactly_until_repaid_for_sliding_log(q in quota(Algorithm::SlidingLog), s in steps(), c in 0u64..100) {
+        charge_then_probe::<SlidingLog>(&q, &s, c)?;
+    }
+}
+
+/// Absurd charges saturate at the documented caps instead of overflowing.
+#[test]
+fn absurd_charges_stop_at_the_caps() {
+    use flowgate::algorithm::{MAX_CHARGE, MAX_DEBT};
+    let q = Quota::per_minute(1000);
+    let mut gcra = Gcra::default();
+    let d = gcra.charge(&q, u64::MAX, START);
+    assert!(d.allowed);
+    assert_eq!(
+        d.reset_after,
+        Duration::from_secs(60) + Duration::from_nanos(MAX_DEBT)
+    );
+    let d = gcra.charge(&q, u64::MAX, START);
+    assert_eq!(
+        d.reset_after,
+        Duration::from_secs(60) + Duration::from_nanos(MAX_DEBT)
+    );
+    let fq = q.with_algorithm(Algorithm::FixedWindow).unwrap();
+    let mut fixed = FixedWindow::default();
+    for _ in 0..3 {
+        assert!(fixed.charge(&fq, u64::MAX, START).allowed);
+    }
+    assert!(!fixed.check(&fq, 0, START).allowed);
+    let sq = q.with_algorithm(Algorithm::SlidingWindow).unwrap();
+    let mut sliding = SlidingWindow::default();
+    for _ in 0..3 {
+        assert!(sliding.charge(&sq, MAX_CHARGE, START).allowed);
+    }
+    let lq = q.with_algorithm(Algorithm::SlidingLog).unwrap();
+    let mut log = SlidingLog::default();
+    assert_eq!(log.charge(&lq, u64::MAX, START).remaining, 0);
+    assert_eq!(log.total(), 1000, "the log keeps at most `limit` units");
+}

@@ -47,10 +47,12 @@ async fn redis_store_passes_the_conformance_table() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// Move the clock forward (or back, when negative) by this many ns, then check `cost`.
+    /// Move the clock forward (or back, when negative) by this many ns, then acquire `cost`
+    /// (charge it, when `charge`).
     Acquire {
         dt: i64,
         cost: u64,
+        charge: bool,
     },
     Refund {
         units: u64,
@@ -113,8 +115,18 @@ fn ops_strategy(quota: Quota) -> impl Strategy<Value = Vec<Op>> {
                 1 => Just(burst),
                 1 => Just(burst.saturating_add(1)),
             ],
+            prop_oneof![7 => Just(false), 2 => Just(true)],
         )
-            .prop_map(|(dt, cost)| Op::Acquire { dt, cost }),
+            .prop_map(|(dt, cost, charge)| Op::Acquire { dt, cost, charge }),
+        // Charges far past the burst, and past `MAX_CHARGE` and the debt's cap.
+        1 => (
+            prop_oneof![
+                2 => burst..=burst.saturating_mul(20),
+                1 => Just(flowgate::algorithm::MAX_CHARGE + 1),
+                1 => Just(u64::MAX),
+            ],
+        )
+            .prop_map(|(cost,)| Op::Acquire { dt: 0, cost, charge: true }),
         1 => (0..=burst.min(1000)).prop_map(|units| Op::Refund { units }),
         1 => Just(Op::Reset),
     ];
@@ -136,7 +148,9 @@ fn same<T: PartialEq + std::fmt::Debug>(
 /// in doubles, exact below 2^53 µs since the epoch (the year 2255, `prelude.lua`), and a
 /// window or bucket may reach a period (up to 2^61 ns here) past the instant. Beyond it the
 /// stores may differ by a microsecond; the memory store has no such bound.
-const LAST_INSTANT: Nanos = ((1u64 << 53) - 1) * 1000 - (1u64 << 61);
+/// Charges may take a bucket's time stamp up to `MAX_DEBT` further.
+const LAST_INSTANT: Nanos =
+    ((1u64 << 53) - 1) * 1000 - (1u64 << 61) - flowgate::algorithm::MAX_DEBT;
 
 #[test]
 fn redis_store_matches_the_memory_store_on_random_traces() {
@@ -167,11 +181,12 @@ fn redis_store_matches_the_memory_store_on_random_traces() {
         rt.block_on(async {
             for (i, op) in ops.iter().enumerate() {
                 match *op {
-                    Op::Acquire { dt, cost } => {
+                    Op::Acquire { dt, cost, charge } => {
                         now = now.saturating_add_signed(dt).min(LAST_INSTANT);
                         clock.set(now);
-                        let expected = memory.check(Ask::new(&key, &quota).cost(cost)).await;
-                        let actual = redis.check(Ask::new(&key, &quota).cost(cost)).await;
+                        let ask = Ask::new(&key, &quota).cost(cost).charge(charge);
+                        let expected = memory.check(ask).await;
+                        let actual = redis.check(ask).await;
                         prop_assert!(
                             same(expected.clone(), actual.clone()),
                             "step {i} {op:?} at {now} with {quota:?}: memory {expected:?}, redis {actual:?}"

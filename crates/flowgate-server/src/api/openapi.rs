@@ -54,6 +54,7 @@ pub(crate) struct RlsJsonDescriptor {
     limit: Option<RlsJsonOverride>,
     /// Units this descriptor asks for, instead of the request's.
     #[serde(default, rename = "hitsAddend")]
+    #[schema(maximum = 4294967295_u64)]
     hits_addend: Option<u64>,
 }
 

@@ -12,6 +12,7 @@
 //!   upstream_queue_timeout: 1s      # a request's wait for a connection when all are busy
 //!   body_idle_timeout: 60s          # silence allowed in a request or response body
 //!   forwarded: overwrite            # or append: clients' X-Forwarded-For/Forwarded
+//!   usage_header: x-usage-tokens    # charge what the upstream says was used (`charge: true` rules)
 //!   jwt: {hs256_secret_env: JWT_SECRET}   # or {rs256_public_key_file: key.pem}
 //!   descriptors:                    # each list is one request descriptor
 //!     - [{key: remote_address}]
@@ -72,6 +73,10 @@ pub struct GatewayConfig {
     /// What happens to `X-Forwarded-For`/`Forwarded` sent by a client that is not a trusted
     /// proxy.
     pub forwarded: Forwarded,
+    /// The upstream response header that reports the units a request used (e.g. LLM tokens):
+    /// descriptors whose rule has `charge: true` are checked with 0 units on the way in and
+    /// charged this many when the response head arrives.
+    pub usage_header: Option<http::HeaderName>,
 }
 
 /// What the gateway does with the `X-Forwarded-For` and `Forwarded` fields of a request from a
@@ -103,6 +108,7 @@ impl GatewayConfig {
             upstream_queue_timeout: DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             forwarded: Forwarded::Overwrite,
+            usage_header: None,
         }
     }
 }

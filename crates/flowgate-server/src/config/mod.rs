@@ -17,6 +17,11 @@
 //!       algorithm: gcra            # extension: default sliding_window
 //!       burst: 10                  # extension: gcra / leaky_bucket only
 //!       fail: closed               # extension: open | closed | local
+//!   - key: tokens
+//!     rate_limit:
+//!       requests_per_unit: 100000
+//!       unit: hour
+//!       charge: true               # extension: hits > 0 are charges (docs/envoy.md)
 //! ```
 
 pub mod address;

@@ -15,10 +15,15 @@
 //!   instance's share (`Flowgate-Fallback: local`), `closed` answers `503` with `Retry-After`
 //!   (`Flowgate-Fallback: closed`); a store error no mode handled is `503` too;
 //! * allowed: the request is forwarded with its method, path (normalised as it was keyed: dot
-//!   segments removed, slashes merged, unreserved escapes decoded), query, headers and body, minus the hop-by-hop fields and plus
-//!   `X-Forwarded-For`, `Forwarded` and `Via` (a client's own `X-Forwarded-For`/`Forwarded`
-//!   replaced unless it is a trusted proxy or the section says `forwarded: append`); bodies
-//!   stream both ways without buffering; the upstream's response gets the `RateLimit` headers;
+//!   segments removed, slashes merged, unreserved escapes decoded), query, headers and body,
+//!   minus the hop-by-hop fields and plus `X-Forwarded-For`, `Forwarded` and `Via` (a client's
+//!   own `X-Forwarded-For`/`Forwarded` replaced unless it is a trusted proxy or the section says
+//!   `forwarded: append`); bodies stream both ways without buffering; the upstream's response
+//!   gets the `RateLimit` headers;
+//! * with `usage_header` (e.g. `x-usage-tokens`): descriptors whose rule has `charge: true`
+//!   are checked with 0 units (refused while the limit is in debt), and when the upstream's
+//!   response head arrives, charged the units that header reports before the head is passed on
+//!   (usage that happened: always taken, into debt past the limit; see docs/service.md);
 //! * upstream unreachable or broken: `502`; no response head within `upstream_timeout` of the
 //!   upstream's silence: `504` (generic problem bodies: the upstream's address and the error
 //!   are logged, never sent); the client's body stalled: `408`, malformed or cut short: `400`.
@@ -195,7 +200,7 @@ impl Gateway {
             // For the client-address source (an allocation the other sources do without).
             parts.extensions.insert(PeerAddr(peer));
         }
-        let descriptors = match descriptors::of_request(config, &parts) {
+        let mut descriptors = match descriptors::of_request(config, &parts) {
             Ok(descriptors) => descriptors,
             Err(rejection) => {
                 return self.problem(
@@ -204,6 +209,7 @@ impl Gateway {
                 );
             }
         };
+        let usage = self.usage(&active, config, &mut descriptors);
         let mut answer = None;
         if !descriptors.is_empty() {
             let verdict = self
@@ -223,10 +229,68 @@ impl Gateway {
         let keep_earlier =
             config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         drop(active);
+        let head = OnHead { answer, usage };
         // Boxed: the exchange with the upstream is most of this future's size, and the future
         // is moved several times on its way into the connection's task (memcpy, measured with
         // callgrind); one allocation costs less, and a refused request does not make it.
-        Box::pin(self.forward(peer, parts, body, timeouts, keep_earlier, answer)).await
+        Box::pin(self.forward(peer, parts, body, timeouts, keep_earlier, head)).await
+    }
+
+    /// With a `usage_header`, the descriptors whose rule charges (`charge: true`): they are
+    /// checked with 0 units now (refused while in debt) and charged the units the upstream
+    /// reports when its response head arrives.
+    fn usage(
+        &self,
+        active: &crate::api::Active,
+        config: &GatewayConfig,
+        descriptors: &mut [flowgate::envoy::Descriptor],
+    ) -> Option<Usage> {
+        let header = config.usage_header.clone()?;
+        let rules = active.policy.rules.domain(&config.domain)?;
+        let mut charged = Vec::new();
+        for d in descriptors.iter_mut() {
+            if rules.find(&d.entries).is_some_and(|rule| rule.charge) {
+                d.hits_addend = Some(0);
+                charged.push(d.clone());
+            }
+        }
+        (!charged.is_empty()).then(|| Usage {
+            header,
+            domain: config.domain.clone(),
+            descriptors: charged,
+        })
+    }
+
+    /// Charges what the upstream's response head reports in `usage.header` before the head
+    /// goes on to the client (one store call, like the check on the way in: the client's next
+    /// request already meets the charge). A value that is not a whole number of at most 32
+    /// bits is logged and ignored.
+    async fn charge_usage(&self, usage: Usage, headers: &http::HeaderMap) {
+        let Some(value) = headers.get(&usage.header) else {
+            return;
+        };
+        let units = match value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+        {
+            Some(0) => return,
+            Some(units) => u64::from(units),
+            None => {
+                tracing::warn!(header = %usage.header, ?value, "usage header is not a 32-bit count; not charged");
+                return;
+            }
+        };
+        let mut descriptors = usage.descriptors;
+        for d in &mut descriptors {
+            d.hits_addend = Some(units);
+        }
+        let active = self.service.active();
+        // A charge is always taken; a store error was counted in the metrics.
+        let _ = self
+            .service
+            .decide(&active, Api::Gateway, &usage.domain, &descriptors, 0)
+            .await;
     }
 
     /// The 429 (or 503, 500) an answer that does not allow stands for.
@@ -269,7 +333,7 @@ impl Gateway {
         body: Incoming,
         timeouts: Timeouts,
         keep_earlier: bool,
-        answer: Option<Answer>,
+        head: OnHead,
     ) -> Response<Body> {
         forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
         let metrics = &self.upstream_metrics;
@@ -309,7 +373,10 @@ impl Gateway {
         // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
-        if let Some(answer) = answer {
+        if let Some(usage) = head.usage {
+            self.charge_usage(usage, &parts.headers).await;
+        }
+        if let Some(answer) = head.answer {
             answer.apply(&mut parts.headers);
         }
         self.service
@@ -396,6 +463,26 @@ async fn upstream_within<F: Future>(
             .as_mut()
             .reset(tokio::time::Instant::now() + timeout);
     }
+}
+
+/// What happens when the upstream's response head arrives.
+#[derive(Debug)]
+struct OnHead {
+    /// The decision whose fields (`RateLimit`, …) the head gets.
+    answer: Option<Answer>,
+    /// The usage to charge, from the head's `usage_header`.
+    usage: Option<Usage>,
+}
+
+/// What to charge when the upstream's response head arrives.
+#[derive(Debug)]
+struct Usage {
+    /// The response header that says how many units the request used.
+    header: http::HeaderName,
+    /// The domain the descriptors are checked against.
+    domain: String,
+    /// The request's descriptors whose rules charge.
+    descriptors: Vec<flowgate::envoy::Descriptor>,
 }
 
 /// The time limits of one forwarded request.

@@ -47,6 +47,22 @@ impl State for FixedWindow {
         }
     }
 
+    fn charge(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+        if cost > 0 {
+            let window = (now / quota.period_nanos()).max(self.window);
+            let count = if window == self.window { self.count } else { 0 };
+            *self = FixedWindow {
+                window,
+                count: super::charged_count(
+                    count,
+                    cost,
+                    quota.limit().saturating_add(super::MAX_CHARGE),
+                ),
+            };
+        }
+        self.check(quota, 0, now).charged()
+    }
+
     #[inline]
     fn idle_at(&self, quota: &Quota) -> Nanos {
         if self.count == 0 {

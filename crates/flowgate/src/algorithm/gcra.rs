@@ -26,7 +26,7 @@ impl Gcra {
     #[inline]
     pub(crate) fn try_check(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Result<(), Nanos> {
         let base = self.tat.max(now);
-        let needed = base - now + cost.saturating_mul(quota.interval_nanos());
+        let needed = (base - now).saturating_add(cost.saturating_mul(quota.interval_nanos()));
         if needed > quota.tolerance_nanos() {
             return Err(needed - quota.tolerance_nanos());
         }
@@ -43,9 +43,10 @@ impl State for Gcra {
         let interval = quota.interval_nanos();
         let tolerance = quota.tolerance_nanos();
         let base = self.tat.max(now);
-        // Time already spoken for, ahead of now. It can exceed τ only if `now` went backwards.
+        // Time already spoken for, ahead of now. It exceeds τ when a charge ran the key into
+        // debt (or `now` went backwards).
         let pending = base - now;
-        let needed = pending + cost.saturating_mul(interval);
+        let needed = pending.saturating_add(cost.saturating_mul(interval));
         if needed > tolerance {
             let free = tolerance.saturating_sub(pending);
             return Decision::deny(quota, quota.units_in(free), pending, needed - tolerance);
@@ -64,6 +65,14 @@ impl State for Gcra {
         }
     }
 
+    fn charge(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+        if cost > 0 {
+            let base = self.tat.max(now);
+            self.tat = now.saturating_add(super::charged_span(base - now, cost, quota));
+        }
+        self.check(quota, 0, now).charged()
+    }
+
     #[inline]
     fn idle_at(&self, _quota: &Quota) -> Nanos {
         self.tat
@@ -79,7 +88,10 @@ impl Reserve for Gcra {
         now: Nanos,
         max_wait: Nanos,
     ) -> Result<Nanos, Nanos> {
-        let tat = self.tat.max(now) + cost.saturating_mul(quota.interval_nanos());
+        let tat = self
+            .tat
+            .max(now)
+            .saturating_add(cost.saturating_mul(quota.interval_nanos()));
         let wait = (tat - now).saturating_sub(quota.tolerance_nanos());
         if wait > max_wait {
             return Err(wait);

@@ -37,7 +37,7 @@ impl State for LeakyBucket {
         let interval = quota.interval_nanos();
         let capacity = quota.tolerance_nanos();
         let level = self.drained(now);
-        let filled = level + cost.saturating_mul(interval);
+        let filled = level.saturating_add(cost.saturating_mul(interval));
         if filled > capacity {
             let free = capacity.saturating_sub(level);
             return Decision::deny(quota, quota.units_in(free), level, filled - capacity);
@@ -56,6 +56,14 @@ impl State for LeakyBucket {
         self.updated = self.updated.max(now);
     }
 
+    fn charge(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+        if cost > 0 {
+            self.level = super::charged_span(self.drained(now), cost, quota);
+            self.updated = self.updated.max(now);
+        }
+        self.check(quota, 0, now).charged()
+    }
+
     #[inline]
     fn idle_at(&self, _quota: &Quota) -> Nanos {
         self.updated.saturating_add(self.level)
@@ -71,7 +79,9 @@ impl Reserve for LeakyBucket {
         now: Nanos,
         max_wait: Nanos,
     ) -> Result<Nanos, Nanos> {
-        let filled = self.drained(now) + cost.saturating_mul(quota.interval_nanos());
+        let filled = self
+            .drained(now)
+            .saturating_add(cost.saturating_mul(quota.interval_nanos()));
         let wait = filled.saturating_sub(quota.tolerance_nanos());
         if wait > max_wait {
             return Err(wait);

@@ -60,7 +60,7 @@ impl State for SlidingLog {
         // Forgetting expired grants is not a change of state: they no longer count.
         self.expire(period, stamp);
         if self.total.saturating_add(cost) > limit {
-            let must_free = self.total + cost - limit;
+            let must_free = self.total.saturating_add(cost) - limit;
             let mut freed = 0;
             let mut retry = 0;
             for &(t, c) in &self.entries {
@@ -93,6 +93,32 @@ impl State for SlidingLog {
                 self.entries.pop_back();
             }
         }
+    }
+
+    fn charge(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+        let limit = quota.limit();
+        if cost > 0 {
+            let stamp = self.entries.back().map_or(now, |&(t, _)| t.max(now));
+            self.expire(quota.period_nanos(), stamp);
+            let units = cost.min(limit);
+            self.entries.push_back((stamp, units));
+            self.total += units;
+            // Keep the newest `limit` units: the oldest leave first anyway.
+            let mut excess = self.total.saturating_sub(limit);
+            while excess > 0 {
+                let Some(oldest) = self.entries.front_mut() else {
+                    break;
+                };
+                let dropped = excess.min(oldest.1);
+                oldest.1 -= dropped;
+                self.total -= dropped;
+                excess -= dropped;
+                if oldest.1 == 0 {
+                    self.entries.pop_front();
+                }
+            }
+        }
+        self.check(quota, 0, now).charged()
     }
 
     fn idle_at(&self, quota: &Quota) -> Nanos {

@@ -16,6 +16,10 @@ use crate::quota::Quota;
 
 use super::State;
 
+/// The most a window's count can hold (charges stop there): the state is packed in 128 bits
+/// with 32 for each count, and `Quota` caps this algorithm's limit at the same.
+const MAX_COUNT: u64 = u32::MAX as u64;
+
 /// Sliding-window state: the current window and the counts of it and the one before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct SlidingWindow {
@@ -91,6 +95,15 @@ impl State for SlidingWindow {
         *self = state;
     }
 
+    fn charge(&mut self, quota: &Quota, cost: u64, now: Nanos) -> Decision {
+        if cost > 0 {
+            let (mut state, _) = self.rolled(quota.period_nanos(), now);
+            state.current = super::charged_count(state.current, cost, MAX_COUNT);
+            *self = state;
+        }
+        self.check(quota, 0, now).charged()
+    }
+
     fn idle_at(&self, quota: &Quota) -> Nanos {
         let p = quota.period_nanos();
         if self.current > 0 {
@@ -127,7 +140,7 @@ fn retry_after(state: &SlidingWindow, limit: u64, p: Nanos, elapsed: Nanos, cost
             Some(k) => p - (k.min(p128) as Nanos),
         }
     };
-    if state.current + cost <= limit {
+    if state.current.saturating_add(cost) <= limit {
         // Wait for the previous window's weight to decay (at the latest: the next window).
         fits_from(state.previous, state.current).saturating_sub(elapsed)
     } else {

@@ -204,11 +204,13 @@ impl<'r> Plan<'r> {
     }
 
     /// The ask for `counted`, counted in `key`: the descriptor's hits, or none (a peek) when a
-    /// blocked limit denies anyway.
+    /// blocked limit denies anyway — unless they are a charge, usage that happened anyway.
     fn ask<'a>(&self, key: &'a str, counted: &'a Counted) -> Ask<'a> {
         let r = &self.resolved[counted.index];
+        let peek_only = self.blocked_enforced && !r.charge;
         Ask::new(key, &counted.quota)
-            .cost(if self.blocked_enforced { 0 } else { r.hits })
+            .cost(if peek_only { 0 } else { r.hits })
+            .charge(r.charge)
             .fail(r.applied.and_then(|a| a.fail()))
             .shadow(r.applied.is_some_and(|a| a.shadow_mode()))
     }
@@ -235,10 +237,12 @@ impl<'r> Plan<'r> {
                         });
                         Status::Counted(match result {
                             // Peeked only: what the limit would have said, unconsumed.
-                            Ok(decision) if self.blocked_enforced && r.hits > 0 => Ok(Decision {
-                                allowed: decision.remaining >= r.hits,
-                                ..decision
-                            }),
+                            Ok(decision) if self.blocked_enforced && r.hits > 0 && !r.charge => {
+                                Ok(Decision {
+                                    allowed: decision.remaining >= r.hits,
+                                    ..decision
+                                })
+                            }
                             other => other,
                         })
                     }
@@ -351,6 +355,79 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Envoy Gateway's token budget: the request path checks with `hits_addend: 0`, the
+    /// response path (`apply_on_stream_done`) repeats the descriptors with the tokens used.
+    #[tokio::test]
+    async fn a_charged_rule_takes_the_tokens_used_and_refuses_until_repaid() {
+        let quota = Quota::per_minute(1000); // GCRA: T = 60 ms
+        let rules = RuleSet::build(vec![DomainSpec::new(
+            "llm",
+            vec![RuleSpec::new("user").with_limit(LimitSpec::new(Rate::Limited(quota)).charged())],
+        )])
+        .unwrap();
+        let clock = ManualClock::new(1 << 40);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let mut request = one("user", "ann");
+        request.hits_addend = Some(0);
+        assert!(
+            check(&rules, &store, "llm", &[request.clone()], 0)
+                .await
+                .allowed
+        );
+        // The response used 5000 tokens: charged although the burst is 1000.
+        let v = check(&rules, &store, "llm", &[one("user", "ann")], 5000).await;
+        assert!(v.allowed && !v.descriptors[0].over_limit());
+        let Status::Counted(Ok(charged)) = &v.descriptors[0].status else {
+            panic!("{v:?}")
+        };
+        assert_eq!(charged.remaining, 0);
+        assert_eq!(charged.reset_after, Duration::from_secs(300));
+        assert_eq!(charged.retry_after, Duration::from_secs(240));
+        // The next request is refused until the debt of 4000 tokens is repaid.
+        let v = check(&rules, &store, "llm", &[request.clone()], 0).await;
+        assert!(!v.allowed && v.descriptors[0].over_limit());
+        let Status::Counted(Ok(refused)) = &v.descriptors[0].status else {
+            panic!("{v:?}")
+        };
+        assert_eq!(refused.retry_after, Duration::from_secs(240));
+        clock.advance(Duration::from_secs(240) - Duration::from_nanos(1));
+        assert!(
+            !check(&rules, &store, "llm", &[request.clone()], 0)
+                .await
+                .allowed
+        );
+        clock.advance(Duration::from_nanos(1));
+        assert!(check(&rules, &store, "llm", &[request], 0).await.allowed);
+        // A descriptor may say it is a charge itself, on any rule.
+        let (rules, store) = (super::tests::rules(), super::tests::store());
+        let mut charge = one("user", "a");
+        charge.charge = true;
+        let v = check(&rules, &store, "d", &[charge.clone()], 10).await;
+        assert!(v.allowed);
+        assert!(
+            !check(&rules, &store, "d", &[one("user", "a")], 1)
+                .await
+                .allowed
+        );
+        // Beside a blocked limit, which denies the request, the charge is still taken (usage
+        // that happened), and never refunded.
+        let mut other = charge;
+        other.entries = vec![Entry::new("user", "b")];
+        let v = check(&rules, &store, "d", &[one("user", "banned"), other], 2).await;
+        assert!(!v.allowed);
+        assert_eq!(remaining(&v, 1), 1, "the charge of 2 was taken: {v:?}");
+        assert!(
+            check(&rules, &store, "d", &[one("user", "b")], 1)
+                .await
+                .allowed
+        );
+        assert!(
+            !check(&rules, &store, "d", &[one("user", "b")], 1)
+                .await
+                .allowed
+        );
     }
 
     #[tokio::test]

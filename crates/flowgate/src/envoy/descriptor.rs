@@ -40,6 +40,10 @@ pub struct Descriptor {
     pub limit: Option<LimitOverride>,
     /// Units this descriptor costs; overrides the request's `hits_addend` (0 peeks).
     pub hits_addend: Option<u64>,
+    /// Its hits are a charge: usage that already happened, always taken, into debt past the
+    /// limit if need be ([`Ask::charge`](crate::store::Ask::charge)). Rules may make hits
+    /// charges too ([`LimitSpec::charge`](super::LimitSpec::charge)).
+    pub charge: bool,
 }
 
 impl Descriptor {
@@ -49,6 +53,7 @@ impl Descriptor {
             entries,
             limit: None,
             hits_addend: None,
+            charge: false,
         }
     }
 }

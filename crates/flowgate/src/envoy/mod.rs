@@ -33,6 +33,10 @@
 //!   shadow mode counts but never denies.
 //! * A rule whose `name` is listed in the `replaces` of another rule matched by the same request
 //!   is skipped.
+//! * Charges ([`Ask::charge`](crate::store::Ask::charge): usage that already happened, always
+//!   taken, into debt past the limit): a descriptor marked [`Descriptor::charge`], or hits
+//!   above zero on a rule whose limit [`charge`](LimitSpec::charge)s. A charge is never
+//!   refunded when another limit denies the request.
 //! * Each rule's `fail` mode travels with its request to the store ([`Ask::fail`](crate::store::Ask::fail)),
 //!   where a [`FallbackStore`](crate::store::FallbackStore) applies it.
 //!

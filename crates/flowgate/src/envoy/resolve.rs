@@ -58,6 +58,8 @@ pub struct Resolved<'r> {
     pub replaced: bool,
     /// The units the descriptor costs.
     pub hits: u64,
+    /// Whether they are a charge: the descriptor says so, or its rule charges hits above 0.
+    pub charge: bool,
 }
 
 /// Which limit applies to each descriptor, before asking any store: [`RuleSet::find`], limit
@@ -87,10 +89,13 @@ pub fn resolve<'r>(
                 .find(&descriptor.entries)
                 .map(AppliedLimit::Rule),
         };
+        let hits = descriptor.hits_addend.unwrap_or(request_hits);
+        let rule_charges = matches!(applied, Some(AppliedLimit::Rule(rule)) if rule.charge);
         resolved.push(Resolved {
             applied,
             replaced: false,
-            hits: descriptor.hits_addend.unwrap_or(request_hits),
+            hits,
+            charge: descriptor.charge || (rule_charges && hits > 0),
         });
     }
     // `replaces`: a named rule is skipped when any matched rule (even an unlimited one) names it.

@@ -54,6 +54,11 @@ pub struct LimitSpec {
     pub replaces: Vec<String>,
     /// What to decide when the store cannot be reached; `None` leaves it to the store's default.
     pub fail: Option<FailMode>,
+    /// Hits above zero are charges: usage that already happened, always taken, into debt past
+    /// the limit if need be ([`Ask::charge`](crate::store::Ask::charge)); a hit of 0 checks
+    /// (refused while in debt). For Envoy's `apply_on_stream_done` (Envoy Gateway's
+    /// `cost.response`), whose call repeats the request's descriptors: docs/envoy.md.
+    pub charge: bool,
 }
 
 impl LimitSpec {
@@ -64,7 +69,14 @@ impl LimitSpec {
             name: None,
             replaces: Vec::new(),
             fail: None,
+            charge: false,
         }
+    }
+
+    /// The same limit, charging its hits above zero (see [`charge`](Self::charge)).
+    pub fn charged(mut self) -> Self {
+        self.charge = true;
+        self
     }
 
     /// The same limit with a name.
@@ -175,6 +187,8 @@ pub struct Rule {
     pub fail: Option<FailMode>,
     /// Count but never deny.
     pub shadow_mode: bool,
+    /// Hits above zero are charges ([`LimitSpec::charge`]).
+    pub charge: bool,
     /// Report metrics per descriptor value.
     pub detailed_metric: bool,
     /// The end of this rule's counter keys (its quota), built once; see

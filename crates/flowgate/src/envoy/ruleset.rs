@@ -163,6 +163,7 @@ impl RuleSet {
                     replaces: limit.replaces,
                     fail: limit.fail,
                     shadow_mode: spec.shadow_mode,
+                    charge: limit.charge,
                     detailed_metric: spec.detailed_metric,
                 });
             }

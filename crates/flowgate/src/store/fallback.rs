@@ -11,6 +11,9 @@
 //!   where `instances` is how many service instances share the store. Together the instances
 //!   then admit about the quota while the store is away.
 //!
+//! A [charge](Ask::charge) is never denied: open and closed record it nowhere (it is lost,
+//! and counted), local charges this instance's share.
+//!
 //! Every such decision has [`Decision::fallback`] set to the mode used, and is counted in
 //! [`FallbackStats`] (for metrics). Errors that retrying cannot fix (a cost above the burst, a
 //! script error) are returned as they are.
@@ -367,12 +370,17 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
     /// Decides `ask` by its mode, without the store.
     fn fall_back(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
         let quota = ask.quota;
-        quota.check_cost(ask.cost)?;
+        ask.check_cost()?;
         let mode = self.mode(ask);
         let decision = match mode {
             FailMode::Open => {
                 self.counters.open.fetch_add(1, Ordering::Relaxed);
-                Decision::allow(quota, quota.burst() - ask.cost, 0)
+                Decision::allow(quota, quota.burst().saturating_sub(ask.cost), 0)
+            }
+            // A charge is usage that happened: never denied, here recorded nowhere.
+            FailMode::Closed if ask.charge => {
+                self.counters.closed.fetch_add(1, Ordering::Relaxed);
+                Decision::allow(quota, quota.burst().saturating_sub(ask.cost), 0)
             }
             FailMode::Closed => {
                 self.counters.closed.fetch_add(1, Ordering::Relaxed);
@@ -381,7 +389,7 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
             FailMode::Local => {
                 self.counters.local.fetch_add(1, Ordering::Relaxed);
                 let share = local_share(quota, self.instances);
-                if ask.cost > share.burst() {
+                if !ask.charge && ask.cost > share.burst() {
                     // More than this instance's share can ever grant: wait for the store.
                     Decision::deny(&share, share.burst(), 0, self.breaker.open_for)
                 } else {
@@ -518,6 +526,30 @@ mod tests {
         async fn reset(&self, _: Ask<'_>) -> Result<(), StoreError> {
             Ok(())
         }
+    }
+
+    /// While the store is away a charge is never denied: open and closed take it nowhere
+    /// (marked), local charges this instance's share into debt.
+    #[tokio::test]
+    async fn charges_fall_back_without_being_denied() {
+        let clock = ManualClock::new(1 << 40);
+        let store = FallbackStore::builder(Flaky::default())
+            .clock(clock.clone())
+            .build();
+        store.inner().down.store(true, Ordering::Relaxed);
+        let q = Quota::per_second(10);
+        for mode in [FailMode::Open, FailMode::Closed, FailMode::Local] {
+            let key = format!("{mode:?}");
+            let charge = Ask::new(&key, &q).cost(50).charge(true).fail(mode);
+            let d = store.check(charge).await.unwrap();
+            assert_eq!((d.allowed, d.fallback), (true, Some(mode)), "{mode:?}");
+            assert_eq!(d.remaining, 0, "{mode:?}");
+        }
+        let local = store
+            .check(Ask::new("Local", &q).fail(FailMode::Local))
+            .await
+            .unwrap();
+        assert!(!local.allowed, "the local share is in debt: {local:?}");
     }
 
     #[tokio::test]

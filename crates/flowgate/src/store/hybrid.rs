@@ -1,7 +1,8 @@
 //! [`HybridStore`]: decide in process, share counts through a store in batches.
 //!
 //! Every decision is local (a hash-map lookup, no network), and every `sync_every` a background
-//! task pushes the units granted since the last sync to the shared store (one
+//! task pushes the units granted since the last sync to the shared store as a
+//! [charge](Ask::charge) (one
 //! [`Store::check_many`] for all keys: with a [`RedisStore`](crate::store::RedisStore), one
 //! batched script call) and reads back how much of the limit is left, `R`. The instance may then
 //! grant its share of that until the next sync. A key seen for the first time starts with its
@@ -28,7 +29,9 @@
 //! new allowance is 0, so what is admitted afterwards was covered by the allowances handed out
 //! before, at most one outstanding per instance, each at most `⌈B / k⌉` — and with distinct
 //! slots, at most `Σ ⌊(B + s) / k⌋ = B` together. With replenishment, add what the store itself would grant
-//! over one more sync interval. With evenly spaced syncs the overshoot is far smaller in
+//! over one more sync interval. The overshoot is charged to the store as debt, so the fleet
+//! repays it before the key admits again: over a long run the admitted rate stays at the
+//! quota's. With evenly spaced syncs the overshoot is far smaller in
 //! practice — about `B·(k − 1)/(2k)` in the worst phase alignment — see `tests/hybrid.rs`, which
 //! drives 3 instances at 5× the limit and checks the bound. Under-admission is at most the
 //! allowances left unused when the traffic stops.
@@ -249,31 +252,14 @@ impl<S: Store> Shared<S> {
         if batch.is_empty() {
             return;
         }
+        // Units granted here were used already: they are charged, so the store counts all of
+        // them, the overshoot included (as debt), and every allowance drops to 0 once the
+        // limit is reached. A key with nothing pending is peeked.
         let requests: Vec<Ask<'_>> = batch
             .iter()
-            .map(|(key, quota, pending)| Ask::new(key, quota).cost(*pending))
+            .map(|(key, quota, pending)| Ask::new(key, quota).cost(*pending).charge(true))
             .collect();
-        let mut results = self.store.check_many(&requests).await;
-        // Units that did not fit were granted here already (the overshoot): push what still
-        // fits, so the store's count reaches the limit and every allowance drops to 0.
-        let overflow: Vec<(usize, u64)> = results
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| match r {
-                Ok(d) if !d.allowed && d.remaining > 0 => Some((i, d.remaining)),
-                _ => None,
-            })
-            .collect();
-        if !overflow.is_empty() {
-            let retry: Vec<Ask<'_>> = overflow
-                .iter()
-                .map(|&(i, fits)| requests[i].cost(fits.min(requests[i].cost)))
-                .collect();
-            let again = self.store.check_many(&retry).await;
-            for (&(i, _), result) in overflow.iter().zip(again) {
-                results[i] = result;
-            }
-        }
+        let results = self.store.check_many(&requests).await;
         let mut keys = self.keys.lock();
         for ((key, quota, pending), result) in batch.into_iter().zip(results) {
             let id = (key, quota.algorithm());
@@ -325,10 +311,10 @@ impl<S: Store> HybridStore<S> {
     }
 
     fn decide(&self, ask: Ask<'_>) -> Result<Decision, StoreError> {
+        ask.check_cost()?;
         let Ask {
             key, quota, cost, ..
         } = ask;
-        quota.check_cost(cost)?;
         let shared = &*self.shared;
         let mut keys = shared.keys.lock();
         let entry = keys
@@ -350,6 +336,14 @@ impl<S: Store> HybridStore<S> {
             ),
             None => (quota.burst(), 0, 0),
         };
+        if ask.charge {
+            // Usage that happened: pending like any grant (pushed as a charge at the next
+            // sync), whatever is left of the allowance.
+            entry.allowance = entry.allowance.saturating_sub(cost);
+            entry.pending = entry.pending.saturating_add(cost);
+            let remaining = remaining.saturating_sub(entry.pending);
+            return Ok(Decision::allow(quota, remaining, reset));
+        }
         if cost > entry.allowance {
             let remaining = remaining.saturating_sub(entry.pending);
             // More may be handed out at the next sync, unless the store had nothing left.
@@ -457,6 +451,30 @@ mod tests {
             memory.peek(Ask::new("k", &q)).await.unwrap().remaining,
             22 - share
         );
+    }
+
+    /// A charge is taken here whatever the allowance, and pushed as a charge: the shared
+    /// store goes into debt, and every instance refuses after the next sync.
+    #[tokio::test]
+    async fn charges_are_taken_and_pushed_into_debt() {
+        let (fleet, memory) = fleet(2);
+        let q = Quota::per_hour(10);
+        let d = fleet[0]
+            .check(Ask::new("k", &q).cost(25).charge(true))
+            .await
+            .unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+        fleet[0].sync_now().await;
+        let shared = memory.peek(Ask::new("k", &q)).await.unwrap();
+        assert!(!shared.allowed, "15 units of debt: {shared:?}");
+        // 15 units beyond the bucket at 6 min each: 90 min until out of debt.
+        assert_eq!(shared.retry_after, Duration::from_secs(90 * 60));
+        for store in &fleet {
+            let _registered = store.check(Ask::new("k", &q).cost(0)).await.unwrap();
+            store.sync_now().await;
+            assert!(!store.check(Ask::new("k", &q)).await.unwrap().allowed);
+        }
     }
 
     #[tokio::test]

@@ -22,6 +22,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 
+use crate::clock::Nanos;
 use crate::decision::{Decision, FailMode};
 use crate::quota::{InsufficientCapacity, Quota};
 
@@ -59,6 +60,11 @@ impl StoreError {
 /// Every [`Store`] verb takes one (`peek` and `reset` ignore the cost, `refund` gives `cost`
 /// back), and [`decide`](crate::pipeline::decide) takes a request's asks together.
 ///
+/// A *charge* ([`Ask::charge`]) records usage that already happened (the tokens an LLM
+/// response used, reported when it ends): [`Store::check`] then always takes the units, may run
+/// the key past its limit into debt, never answers [`StoreError::Capacity`], and returns the
+/// state after it (see [`State::charge`](crate::algorithm::State::charge)).
+///
 /// ```
 /// use flowgate::{store::Ask, FailMode, Quota};
 /// let quota = Quota::per_minute(100);
@@ -82,6 +88,10 @@ pub struct Ask<'a> {
     /// Counted but never denies the request (a limit tried out on live traffic). Stores ignore
     /// it; [`decide`](crate::pipeline::decide) does not let it deny.
     pub shadow: bool,
+    /// A charge: usage that already happened. Always taken (into debt past the limit if need
+    /// be), never [`StoreError::Capacity`], never refunded by
+    /// [`decide`](crate::pipeline::decide).
+    pub charge: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -94,6 +104,7 @@ impl<'a> Ask<'a> {
             cost: 1,
             fail: None,
             shadow: false,
+            charge: false,
         }
     }
 
@@ -116,6 +127,51 @@ impl<'a> Ask<'a> {
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
         self
+    }
+
+    /// The same as a charge (`true`: usage that already happened, always taken, may run the
+    /// key into debt) or as a request that may be denied.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flowgate::{clock::ManualClock, store::{Ask, MemoryStore, Store}, Quota};
+    /// let store = MemoryStore::builder().clock(ManualClock::new(1 << 40)).build();
+    /// let quota = Quota::per_minute(1000);
+    /// // 5000 tokens used: five minutes' worth, charged although the burst is 1000.
+    /// let charged = store.check(Ask::new("tenant:42", &quota).cost(5000).charge(true)).await?;
+    /// assert!(charged.allowed);
+    /// assert_eq!(charged.remaining, 0);
+    /// // Refused until the debt of 4000 units (and one more) is repaid: 4001 × 60 ms.
+    /// let next = store.check(Ask::new("tenant:42", &quota)).await?;
+    /// assert!(!next.allowed);
+    /// assert_eq!(next.retry_after, std::time::Duration::from_millis(4001 * 60));
+    /// # Ok(()) }
+    /// ```
+    #[inline]
+    pub fn charge(mut self, charge: bool) -> Self {
+        self.charge = charge;
+        self
+    }
+
+    /// Whether the store can ever grant this ask: a charge always; otherwise `cost ≤ burst`.
+    #[inline]
+    pub(crate) fn check_cost(&self) -> Result<(), InsufficientCapacity> {
+        if self.charge {
+            Ok(())
+        } else {
+            self.quota.check_cost(self.cost)
+        }
+    }
+
+    /// This ask's transition on `state` at `now`: a check or a charge.
+    #[inline]
+    pub(crate) fn apply<S: crate::algorithm::State>(&self, state: &mut S, now: Nanos) -> Decision {
+        if self.charge {
+            state.charge(self.quota, self.cost, now)
+        } else {
+            state.check(self.quota, self.cost, now)
+        }
     }
 }
 
@@ -146,7 +202,7 @@ impl<'a> Ask<'a> {
 /// ```
 pub trait Store: Send + Sync {
     /// Asks for `ask.cost` units of `ask.key`. A denial is `Ok` with `allowed == false`;
-    /// `cost > burst` is [`StoreError::Capacity`].
+    /// `cost > burst` is [`StoreError::Capacity`]. A [charge](Ask::charge) is always taken.
     ///
     /// (Every method takes one lifetime for the store and its arguments, so stores may return
     /// boxed futures; callers' shorter-lived keys are fine.)

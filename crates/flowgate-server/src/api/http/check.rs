@@ -38,6 +38,10 @@ pub(crate) struct CheckRequest {
     /// Units per descriptor (0 or absent: 1).
     #[serde(default)]
     hits_addend: u64,
+    /// Every descriptor's hits are a charge: usage that already happened (tokens an LLM
+    /// response used), always taken, into debt past the limit (docs/service.md).
+    #[serde(default)]
+    charge: bool,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -45,10 +49,15 @@ pub(crate) struct CheckRequest {
 struct CheckDescriptor {
     #[schema(max_items = 16)]
     entries: Vec<CheckEntry>,
+    /// Units this descriptor asks for, instead of the request's (at most 2^32 − 1).
     #[serde(default)]
+    #[schema(maximum = 4294967295_u64)]
     hits_addend: Option<u64>,
     #[serde(default)]
     limit: Option<CheckOverride>,
+    /// This descriptor's hits are a charge (see the request's `charge`).
+    #[serde(default)]
+    charge: bool,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -214,10 +223,19 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
 pub fn parse_check(body: &[u8], limits: &InputLimits) -> Result<RlsRequest, Problem> {
     let request: CheckRequest = serde_json::from_slice(body)
         .map_err(|e| Problem::bad_request(format!("invalid check request JSON: {e}")))?;
-    request
+    let charges: Vec<bool> = request
+        .descriptors
+        .iter()
+        .map(|d| d.charge || request.charge)
+        .collect();
+    let mut parsed = request
         .into_proto()
         .and_then(|request| rls::parse_request(request, limits))
-        .map_err(|e| Problem::bad_request(e.0))
+        .map_err(|e| Problem::bad_request(e.0))?;
+    for (descriptor, charge) in parsed.descriptors.iter_mut().zip(charges) {
+        descriptor.charge = charge;
+    }
+    Ok(parsed)
 }
 
 impl CheckRequest {

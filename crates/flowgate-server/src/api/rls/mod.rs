@@ -92,6 +92,15 @@ fn descriptor_from_proto(d: RateLimitDescriptor) -> Result<Descriptor, InvalidRe
             })
         })
         .transpose()?;
+    let hits_addend = d
+        .hits_addend
+        .map(|h| {
+            // Envoy's own request-level hits_addend is 32 bits; so is every cost we take.
+            u32::try_from(h.value)
+                .map(u64::from)
+                .map_err(|_| InvalidRequest("descriptor hits_addend must fit in 32 bits".into()))
+        })
+        .transpose()?;
     Ok(Descriptor {
         entries: d
             .entries
@@ -102,7 +111,8 @@ fn descriptor_from_proto(d: RateLimitDescriptor) -> Result<Descriptor, InvalidRe
             })
             .collect(),
         limit,
-        hits_addend: d.hits_addend.map(|h| h.value),
+        hits_addend,
+        charge: false,
     })
 }
 

@@ -51,6 +51,9 @@ pub(super) struct GatewayYaml {
     /// `overwrite` or `append`: untrusted clients' forwarding fields.
     #[serde(default)]
     forwarded: Option<Spanned<String>>,
+    /// The upstream response header reporting the units used, charged to `charge: true` rules.
+    #[serde(default)]
+    usage_header: Option<Spanned<String>>,
 }
 
 /// One entry of a gateway descriptor.
@@ -186,11 +189,26 @@ pub(super) fn convert_gateway(
         }
     };
 
+    let usage_header = g.usage_header.as_ref().and_then(|h| {
+        match http::HeaderName::from_bytes(h.value.as_bytes()) {
+            Ok(name) => Some(name),
+            Err(_) => {
+                error(
+                    h.at,
+                    "usage_header",
+                    format!("`{}` is not a header name", h.value),
+                );
+                None
+            }
+        }
+    });
+
     if errors.len() > before {
         return None;
     }
     Some(GatewayConfig {
         forwarded,
+        usage_header,
         domain: domain.to_owned(),
         listen: g.listen,
         client_ip: client_ip(&g.trusted_proxies, g.ipv6_prefix),

@@ -228,6 +228,29 @@ mod tests {
     }
 
     #[test]
+    fn charge_marks_a_counted_limit_and_nothing_else() {
+        let domain = parse(
+            Path::new("f.yaml"),
+            "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000, charge: true}\n  - key: t\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+            &mut Vec::new(),
+        )
+        .unwrap()
+        .domain;
+        assert!(domain.descriptors[0].limit.as_ref().unwrap().charge);
+        assert!(!domain.descriptors[1].limit.as_ref().unwrap().charge);
+        let errors = errors(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, charge: true}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 0, charge: true}\n",
+        );
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors
+                .iter()
+                .all(|e| e.contains("`rate_limit.charge`: has no effect")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
     fn parses_the_envoy_format_and_the_extensions() {
         let domain = parse(
             Path::new("f.yaml"),

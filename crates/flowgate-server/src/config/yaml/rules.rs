@@ -1,5 +1,5 @@
 //! `descriptors` and their `rate_limit` blocks: envoyproxy/ratelimit's fields and Flowgate's
-//! extensions (`algorithm`, `burst`, `period`, `fail`).
+//! extensions (`algorithm`, `burst`, `period`, `fail`, `charge`).
 
 use std::path::Path;
 
@@ -65,6 +65,10 @@ struct RateLimitYaml {
     /// Extension: open | closed | local when the store is unreachable.
     #[serde(default)]
     fail: Option<Spanned<String>>,
+    /// Extension: hits above zero are charges (usage reported after the response, Envoy's
+    /// `apply_on_stream_done`): always taken, into debt past the limit.
+    #[serde(default)]
+    charge: Option<Spanned<bool>>,
 }
 
 /// One entry of `replaces`.
@@ -285,6 +289,18 @@ fn convert_limit(
             _ => None,
         }
     };
+    let charge = r.charge.as_ref().is_some_and(|c| c.value);
+    if let Some(c) = &r.charge
+        && c.value
+        && !matches!(rate, Some(Rate::Limited(_)))
+        && rate.is_some()
+    {
+        error(
+            c.at,
+            "charge",
+            "has no effect on an unlimited limit or one with `requests_per_unit: 0`".into(),
+        );
+    }
     if errors.len() > before {
         return None;
     }
@@ -293,5 +309,6 @@ fn convert_limit(
         name: r.name.map(|n| n.value),
         replaces,
         fail,
+        charge,
     })
 }

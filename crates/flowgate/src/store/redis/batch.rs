@@ -34,6 +34,8 @@ pub(super) struct Job {
     pub(super) quota: Quota,
     /// Units asked for.
     pub(super) cost: u64,
+    /// A charge (always taken) rather than a check; charges and checks go in separate calls.
+    pub(super) charge: bool,
     /// Where the answer goes.
     pub(super) reply: oneshot::Sender<Result<Decision, StoreError>>,
 }
@@ -91,7 +93,7 @@ async fn run(
     }
 }
 
-/// Runs one batch: one script call per (algorithm, slot) group, all at once.
+/// Runs one batch: one script call per (algorithm, check or charge, slot) group, all at once.
 async fn dispatch(
     conn: &Connection,
     clock: Option<&dyn Clock>,
@@ -100,19 +102,14 @@ async fn dispatch(
 ) {
     // Within a group, requests for one key become adjacent (the sort is stable, so they keep
     // their order): a script reads such a run's state once and writes it once.
-    jobs.sort_by(|a, b| {
-        (a.quota.algorithm() as u8, a.slot, &a.key).cmp(&(
-            b.quota.algorithm() as u8,
-            b.slot,
-            &b.key,
-        ))
-    });
+    let group = |j: &Job| (j.quota.algorithm() as u8, j.charge, j.slot);
+    jobs.sort_by(|a, b| (group(a), &a.key).cmp(&(group(b), &b.key)));
     let mut calls = Vec::new();
     while !jobs.is_empty() {
-        let (algorithm, slot) = (jobs[0].quota.algorithm(), jobs[0].slot);
+        let first = group(&jobs[0]);
         let split = jobs
             .iter()
-            .position(|j| j.quota.algorithm() != algorithm || j.slot != slot)
+            .position(|j| group(j) != first)
             .unwrap_or(jobs.len());
         let rest = jobs.split_off(split);
         calls.push(call(
@@ -142,7 +139,12 @@ fn call(
     async move {
         let algorithm = group[0].quota.algorithm();
         let keys: Vec<String> = group.iter().map(|j| j.key.clone()).collect();
-        let args = script::args(now, Mode::Check, group.iter().map(|j| (&j.quota, j.cost)));
+        let mode = if group[0].charge {
+            Mode::Charge
+        } else {
+            Mode::Check
+        };
+        let args = script::args(now, mode, group.iter().map(|j| (&j.quota, j.cost)));
         let reply = tokio::time::timeout(
             timeout,
             conn.eval(
@@ -173,7 +175,8 @@ fn answer(group: Vec<Job>, reply: Result<Vec<i64>, StoreError>) {
         let decision = match &reply {
             Ok((now, r)) => {
                 let at = 2 + i * width;
-                script::decide(&job.key, &job.quota, job.cost, *now, &r[at..at + width])
+                let ask = (&job.quota, job.cost, job.charge);
+                script::decide(&job.key, ask, *now, &r[at..at + width])
             }
             Err(e) => Err(e.clone()),
         };

@@ -49,7 +49,17 @@ for i = 1, #KEYS do
       if sw > w then w = sw end
       local count = 0
       if w == sw then count = sc end
-      if count + cost <= Limit[j] then
+      if charge then
+        -- Always taken; the count stops at limit + MAX_CHARGE, and never moves back.
+        status = 1
+        if cost > 0 then
+          local c, cap = count + cost, Limit[j] + MAX_CHARGE
+          if cap < count then cap = count end
+          if c > cap then c = cap end
+          if not (live and w == sw) then ttl = ttl_until((w + 1) * P[j]) end
+          live, sw, sc, dirty = true, w, c, true
+        end
+      elseif count + cost <= Limit[j] then
         status = 1
         if cost > 0 then
           if not (live and w == sw) then ttl = ttl_until((w + 1) * P[j]) end

@@ -48,12 +48,21 @@ for i = 1, #KEYS do
       end
     else
       -- Granted if max(tat, now) + cost·T ≤ now + τ; the new tat is the left side.
-      if su < now_u or (su == now_u and sr < now_r) then nu, nr = now_u, now_r else nu, nr = su, sr end
-      nu, nr = nu + cu, nr + cr
+      local bu, br = su, sr
+      if su < now_u or (su == now_u and sr < now_r) then bu, br = now_u, now_r end
+      nu, nr = bu + cu, br + cr
       if nr >= 1000 then nu, nr = nu + 1, nr - 1000 end
       local lu, lr = now_u + tu, now_r + tr
       if lr >= 1000 then lu, lr = lu + 1, lr - 1000 end
-      if nu < lu or (nu == lu and nr <= lr) then
+      if charge then
+        -- Always taken; the tat stops at now + τ + MAX_DEBT, and never moves back.
+        status = 1
+        local xu = lu + MAX_DEBT_U
+        if nu > xu or (nu == xu and nr > lr) then
+          if bu > xu or (bu == xu and br > lr) then nu, nr = bu, br else nu, nr = xu, lr end
+        end
+        if cost == 0 then nu = nil end
+      elseif nu < lu or (nu == lu and nr <= lr) then
         status = 1
         if cost == 0 then nu = nil end
       else

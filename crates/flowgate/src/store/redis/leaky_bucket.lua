@@ -56,7 +56,15 @@ for i = 1, #KEYS do
     else
       fu, fr = du + cu, dr + cr
       if fr >= 1000 then fu, fr = fu + 1, fr - 1000 end
-      if fu < tu or (fu == tu and fr <= tr) then
+      if charge then
+        -- Always taken; the level stops at τ + MAX_DEBT, and never moves back.
+        status = 1
+        local xu = tu + MAX_DEBT_U
+        if fu > xu or (fu == xu and fr > tr) then
+          if du > xu or (du == xu and dr > tr) then fu, fr = du, dr else fu, fr = xu, tr end
+        end
+        if cost == 0 then fu = nil end
+      elseif fu < tu or (fu == tu and fr <= tr) then
         status = 1
         if cost == 0 then fu = nil end
       else

@@ -64,7 +64,7 @@ use self::script::Mode;
 use super::{Ask, Store, StoreError};
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::quota::{Algorithm, Quota};
+use crate::quota::Algorithm;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "flowgate:";
@@ -153,13 +153,12 @@ impl RedisStore {
 
     fn job(
         &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
+        ask: &Ask<'_>,
     ) -> Result<(Job, oneshot::Receiver<Result<Decision, StoreError>>), StoreError> {
-        quota.check_cost(cost)?;
+        let (quota, cost) = (ask.quota, ask.cost);
+        ask.check_cost()?;
         check_quota(quota).map_err(|e| StoreError::Backend(e.to_string()))?;
-        let key = self.redis_key(key, quota.algorithm());
+        let key = self.redis_key(ask.key, quota.algorithm());
         let slot = if self.inner.conn.is_cluster() {
             conn::slot(key.as_bytes())
         } else {
@@ -171,6 +170,7 @@ impl RedisStore {
             slot,
             quota: *quota,
             cost,
+            charge: ask.charge,
             reply,
         };
         Ok((job, answer))
@@ -303,7 +303,7 @@ impl RedisStoreBuilder {
 
 impl Store for RedisStore {
     fn check(&self, ask: Ask<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let job = self.job(ask.key, ask.quota, ask.cost);
+        let job = self.job(&ask);
         async move {
             let deadline = tokio::time::Instant::now() + self.inner.timeout;
             let (job, answer) = job?;
@@ -316,10 +316,7 @@ impl Store for RedisStore {
         &self,
         asks: &[Ask<'_>],
     ) -> impl Future<Output = Vec<Result<Decision, StoreError>>> + Send {
-        let jobs: Vec<_> = asks
-            .iter()
-            .map(|a| self.job(a.key, a.quota, a.cost))
-            .collect();
+        let jobs: Vec<_> = asks.iter().map(|a| self.job(a)).collect();
         async move {
             let deadline = tokio::time::Instant::now() + self.inner.timeout;
             // Queue every request before waiting for any, so they can share a batch.

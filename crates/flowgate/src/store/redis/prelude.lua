@@ -8,10 +8,10 @@
 -- is stored as hex(u) followed by r in exactly three hex digits.
 --
 -- ARGV[1], ARGV[2]: now as (u, r), or ARGV[1] == '' to use the server's TIME.
--- ARGV[3]: '0' to check (take units if granted), '1' to refund. ARGV[4]: q, the number of
--- quotas. ARGV[5]: the cost of every request when all share one quota and one cost, else ''.
--- Then q quota blocks of a fixed size per script; then, unless ARGV[5] is set, per request: its
--- quota's index (1-based) and cost.
+-- ARGV[3]: '0' to check (take units if granted), '1' to refund, '2' to charge (costs up to
+-- MAX_CHARGE, by the client). ARGV[4]: q, the number of quotas. ARGV[5]: the cost of every
+-- request when all share one quota and one cost, else ''. Then q quota blocks of a fixed size
+-- per script; then, unless ARGV[5] is set, per request: its quota's index (1-based) and cost.
 -- Reply: { now_u, now_r, then a fixed number of integers per request }; a request's first
 -- integer is its status: 1 granted (or refunded), 0 denied, -1 the key holds a value that
 -- Flowgate did not write (the request is left alone).
@@ -63,6 +63,12 @@ else
   now_u, now_r = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
 local refund = ARGV[3] == '1'
+-- A charge (see State::charge in algorithm/mod.rs) always takes its units, into debt past the
+-- limit: a bucket's debt stops at MAX_DEBT_U µs beyond τ, a fixed window's count at the limit +
+-- MAX_CHARGE, a sliding window's at 2^32 − 1.
+local charge = ARGV[3] == '2'
+local MAX_DEBT_U = 1125899906842624
+local MAX_CHARGE = 8796093022208
 local quotas = tonumber(ARGV[4])
 local uniform = tonumber(ARGV[5])
 local out = { now_u, now_r }

@@ -9,7 +9,7 @@
 
 use std::sync::OnceLock;
 
-use crate::algorithm::{FixedWindow, Gcra, LeakyBucket, SlidingWindow, State};
+use crate::algorithm::{FixedWindow, Gcra, LeakyBucket, MAX_CHARGE, SlidingWindow};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
@@ -84,8 +84,11 @@ pub enum UnsupportedQuota {
         /// The period asked for.
         period_nanos: Nanos,
     },
-    /// Counts above 2^53 cannot be kept exactly by Redis's Lua.
-    #[error("the Redis store supports limits up to 2^53 for {algorithm}, got {limit}")]
+    /// Counts above 2^53 cannot be kept exactly by Redis's Lua (a fixed window's count can
+    /// be charged up to `limit + 2^44`, so its limit stops at 2^52).
+    #[error(
+        "the Redis store supports limits up to 2^52 (2^53 for sliding_log) for {algorithm}, got {limit}"
+    )]
     LimitTooLarge {
         /// The algorithm.
         algorithm: Algorithm,
@@ -102,11 +105,21 @@ pub enum UnsupportedQuota {
     },
 }
 
+/// The largest limit a counting algorithm's script keeps exactly: a fixed window's count may
+/// reach `limit + MAX_CHARGE` and then take `MAX_CHARGE` more, all below 2^53.
+fn max_limit(algorithm: Algorithm) -> u64 {
+    if algorithm == Algorithm::FixedWindow {
+        MAX_EXACT / 2
+    } else {
+        MAX_EXACT
+    }
+}
+
 /// Checks that the Redis store decides `quota` exactly as the reference does.
 ///
 /// Bucket algorithms (`gcra`, `leaky_bucket`) need a burst of at most 2^43; window algorithms
-/// (`fixed_window`, `sliding_window`) a period of whole microseconds; counting algorithms
-/// (`fixed_window`, `sliding_log`) a limit of at most 2^53. Everything else is supported, from
+/// (`fixed_window`, `sliding_window`) a period of whole microseconds; `fixed_window` a limit
+/// of at most 2^52, `sliding_log` of at most 2^53. Everything else is supported, from
 /// nanosecond intervals to periods of decades.
 pub fn check_quota(quota: &Quota) -> Result<(), UnsupportedQuota> {
     let algorithm = quota.algorithm();
@@ -125,7 +138,7 @@ pub fn check_quota(quota: &Quota) -> Result<(), UnsupportedQuota> {
         });
     }
     if matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingLog)
-        && quota.limit() > MAX_EXACT
+        && quota.limit() > max_limit(algorithm)
     {
         return Err(UnsupportedQuota::LimitTooLarge {
             algorithm,
@@ -142,6 +155,8 @@ pub(super) enum Mode {
     Check,
     /// Give back `cost` units.
     Refund,
+    /// Take `cost` units whatever the state ([`State::charge`](crate::algorithm::State::charge)).
+    Charge,
 }
 
 /// Appends a time span as the (µs, ns) pair the scripts use.
@@ -183,9 +198,12 @@ pub(super) fn args<'a>(
             }
         };
         per_request.push(index as u64 + 1);
-        // Units beyond the burst change nothing (refunds); keeping them below it keeps the
-        // scripts' products exact.
-        per_request.push(cost.min(quota.burst()));
+        // Units beyond the burst change nothing (refunds), nor beyond `MAX_CHARGE` (charges);
+        // keeping them below it keeps the scripts' products exact.
+        per_request.push(match mode {
+            Mode::Charge => cost.min(MAX_CHARGE),
+            Mode::Check | Mode::Refund => cost.min(quota.burst()),
+        });
     }
     let uniform = (quotas.len() == 1)
         .then(|| per_request.get(1).copied())
@@ -219,6 +237,7 @@ pub(super) fn args<'a>(
     let mode = match mode {
         Mode::Check => "0",
         Mode::Refund => "1",
+        Mode::Charge => "2",
     };
     Args {
         header: [
@@ -261,11 +280,11 @@ pub(super) fn reply_now(reply: &[i64]) -> Result<Nanos, StoreError> {
 /// transition on the state the script read.
 pub(super) fn decide(
     key: &str,
-    quota: &Quota,
-    cost: u64,
+    (quota, cost, charge): (&Quota, u64, bool),
     now: Nanos,
     reply: &[i64],
 ) -> Result<Decision, StoreError> {
+    let ask = crate::store::Ask::new(key, quota).cost(cost).charge(charge);
     let Some((&status, state)) = reply.split_first() else {
         return Err(malformed());
     };
@@ -276,23 +295,29 @@ pub(super) fn decide(
         _ => return Err(malformed()),
     };
     let decision = match (quota.algorithm(), state) {
-        (Algorithm::Gcra, &[u, r]) => Gcra { tat: join(u, r)? }.check(quota, cost, now),
-        (Algorithm::LeakyBucket, &[lu, lr, uu, ur]) => LeakyBucket {
-            level: join(lu, lr)?,
-            updated: join(uu, ur)?,
-        }
-        .check(quota, cost, now),
-        (Algorithm::FixedWindow, &[w, c]) => FixedWindow {
-            window: count(w)?,
-            count: count(c)?,
-        }
-        .check(quota, cost, now),
-        (Algorithm::SlidingWindow, &[w, c, p]) => SlidingWindow {
-            window: count(w)?,
-            current: count(c)?,
-            previous: count(p)?,
-        }
-        .check(quota, cost, now),
+        (Algorithm::Gcra, &[u, r]) => ask.apply(&mut Gcra { tat: join(u, r)? }, now),
+        (Algorithm::LeakyBucket, &[lu, lr, uu, ur]) => ask.apply(
+            &mut LeakyBucket {
+                level: join(lu, lr)?,
+                updated: join(uu, ur)?,
+            },
+            now,
+        ),
+        (Algorithm::FixedWindow, &[w, c]) => ask.apply(
+            &mut FixedWindow {
+                window: count(w)?,
+                count: count(c)?,
+            },
+            now,
+        ),
+        (Algorithm::SlidingWindow, &[w, c, p]) => ask.apply(
+            &mut SlidingWindow {
+                window: count(w)?,
+                current: count(c)?,
+                previous: count(p)?,
+            },
+            now,
+        ),
         (Algorithm::SlidingLog, &[held, lu, lr, ru, rr]) => {
             log_decision(quota, allowed, count(held)?, (lu, lr), (ru, rr), now)?
         }

@@ -50,9 +50,13 @@ for i = 1, #KEYS do
     end
     if held == 0 then lu, lr = -1, 0 end
     if status == 0 then
-      if held + cost <= limit then
+      if charge or held + cost <= limit then
         status = 1
+        -- A charge logs at most `limit` units and the log keeps its newest `limit` units
+        -- (see algorithm/mod.rs).
+        if cost > limit then cost = limit end
         if cost > 0 then
+          local before = held
           local stamp = fmt(su, sr)
           local left = cost
           while left > 0 do
@@ -63,9 +67,13 @@ for i = 1, #KEYS do
             left = left - k
           end
           held = held + cost
+          if held > limit then
+            rcall('LTRIM', key, -limit, -1)
+            held = limit
+          end
           lu, lr = su, sr
           local b = floor(su / w)
-          if held == cost or last < 0 or b ~= floor(last / w) then
+          if before == 0 or last < 0 or b ~= floor(last / w) then
             rcall('PEXPIRE', key, ttl_until((b + 2) * w))
           end
         end

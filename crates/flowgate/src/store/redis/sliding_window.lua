@@ -3,7 +3,8 @@
 -- Quota block (2): limit, period in µs. Per request: quota index, cost (units for a refund).
 -- Reply per request: status, window, current, previous as read; zeros for a new key.
 
--- a·(u·1000 + r) as four base-2^24 limbs, most significant first. Exact for a < 2^32,
+-- a·(u·1000 + r) as four base-2^24 limbs, most significant first. Exact for a < 2^32 (counts
+-- never pass 2^32 − 1, charged ones included),
 -- u < 2^51, r < 1000: every partial product stays below 2^53, and divisions by powers of two
 -- are exact.
 local B = 16777216
@@ -78,6 +79,17 @@ for i = 1, #KEYS do
       else
         prev = prev - cost
         if prev < 0 then prev = 0 end
+      end
+    elseif charge then
+      -- Always taken; the count stops at 2^32 − 1 (the memory store's packing), and never
+      -- moves back.
+      status = 1
+      if cost > 0 then
+        local cap = 4294967295
+        if cap < cur then cap = cur end
+        cur = cur + cost
+        if cur > cap then cur = cap end
+        write = true
       end
     else
       -- Granted if prev·(p − e) + (cur + cost)·p ≤ limit·p, i.e. prev·(p − e) ≤ room·p.
