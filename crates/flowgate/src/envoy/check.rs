@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::descriptor::Descriptor;
-use super::key::write_key;
+use super::key::{write_key, write_rule_key};
 use super::resolve::{AppliedLimit, Resolved, resolve};
 use super::rules::{Rate, quota_suffix};
 use super::ruleset::RuleSet;
@@ -44,18 +44,29 @@ pub struct DescriptorVerdict<'r> {
     pub status: Status,
     /// The units this descriptor asked for.
     pub hits: u64,
+    /// Whether a denial here denies the request: not in shadow mode (the rule's or the global
+    /// one), and not a quota-mode limit while another quota-mode limit of the request passes.
+    pub enforced: bool,
 }
 
 impl DescriptorVerdict<'_> {
     /// Whether this descriptor lets the request through: everything but an enforced denial,
     /// block or failure.
     pub fn allows(&self) -> bool {
+        !self.enforced || !self.denies()
+    }
+
+    /// Whether the limit itself says no — denied, blocked or failed — unless its rule is in
+    /// shadow mode. What envoyproxy/ratelimit reports as the descriptor's `OVER_LIMIT`: the
+    /// global shadow mode and quota mode change the request's answer, not this.
+    pub fn denies(&self) -> bool {
         let shadow = self.applied.is_some_and(|a| a.shadow_mode());
-        match &self.status {
-            Status::Counted(Ok(decision)) => decision.allowed || shadow,
-            Status::Counted(Err(_)) | Status::Blocked { .. } => shadow,
-            _ => true,
-        }
+        !shadow
+            && match &self.status {
+                Status::Counted(Ok(decision)) => !decision.allowed,
+                Status::Counted(Err(_)) | Status::Blocked { .. } => true,
+                _ => false,
+            }
     }
 
     /// Whether the limit denied (or would have denied, in shadow mode).
@@ -74,8 +85,37 @@ impl DescriptorVerdict<'_> {
 pub struct Verdict<'r> {
     /// Whether every descriptor allows the request.
     pub allowed: bool,
+    /// Whether the request would have been denied but the global shadow mode let it through.
+    pub shadowed: bool,
     /// One entry per request descriptor, in order.
     pub descriptors: Vec<DescriptorVerdict<'r>>,
+}
+
+/// Service-wide modes of [`check_with`], as envoyproxy/ratelimit's `SHADOW_MODE` and
+/// `QUOTA_MODE` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Modes {
+    /// Every request is allowed; limits are counted (and reported over limit) as usual.
+    pub shadow_mode: bool,
+    /// Every limit is in quota mode.
+    pub quota_mode: bool,
+}
+
+impl Modes {
+    /// No global mode.
+    pub const NONE: Modes = Modes {
+        shadow_mode: false,
+        quota_mode: false,
+    };
+
+    /// These modes.
+    pub const fn new(shadow_mode: bool, quota_mode: bool) -> Modes {
+        Modes {
+            shadow_mode,
+            quota_mode,
+        }
+    }
 }
 
 /// Checks a request against `rules`, counting in `store`. `hits_addend` is the request-level
@@ -99,6 +139,24 @@ pub async fn check<'r, S: Store + ?Sized>(
     descriptors: &[Descriptor],
     hits_addend: u64,
 ) -> Verdict<'r> {
+    check_with(rules, store, domain, descriptors, hits_addend, Modes::NONE).await
+}
+
+/// [`check`] under service-wide [`Modes`]. Quota mode (a rule's `quota_mode`, or every rule
+/// with [`Modes::quota_mode`]) follows envoyproxy/ratelimit: the request is denied when an
+/// enforced limit outside quota mode denies, or when **every** quota-mode limit of the request
+/// denies; a quota-mode limit that denies while another passes is reported over its limit
+/// and does not deny. The global shadow mode allows every request and counts as usual,
+/// reporting each limit's own answer ([`DescriptorVerdict::denies`]) and
+/// [`Verdict::shadowed`].
+pub async fn check_with<'r, S: Store + ?Sized>(
+    rules: &'r RuleSet,
+    store: &S,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits_addend: u64,
+    modes: Modes,
+) -> Verdict<'r> {
     let resolved = match resolve(rules, domain, descriptors, hits_addend) {
         Ok(resolved) => resolved,
         Err(e) => {
@@ -109,14 +167,16 @@ pub async fn check<'r, S: Store + ?Sized>(
                     "invalid limit override: {e}"
                 )))),
                 hits: d.hits_addend.unwrap_or(request_hits),
+                enforced: !modes.shadow_mode,
             };
             return Verdict {
-                allowed: false,
+                allowed: modes.shadow_mode,
+                shadowed: modes.shadow_mode,
                 descriptors: descriptors.iter().map(failed).collect(),
             };
         }
     };
-    let plan = Plan::new(resolved);
+    let plan = Plan::new(resolved, modes);
     if let [only] = plan.counted.as_slice() {
         // One limit: its key in a reused buffer, decided here if the store answers at once.
         let now = crate::scratch::with_buffer(|key| {
@@ -159,14 +219,16 @@ struct Plan<'r> {
     resolved: Vec<Resolved<'r>>,
     /// The descriptors asked of the store, in request order.
     counted: Vec<Counted>,
-    /// A blocked, enforced limit denies the request whatever the others say: the others are
-    /// then only peeked, so nothing is consumed.
+    /// A blocked, enforced limit denies the request whatever the others say (outside quota
+    /// mode, or every quota-mode limit blocked): the others are then only peeked, so nothing
+    /// is consumed.
     blocked_enforced: bool,
+    /// The service-wide modes.
+    modes: Modes,
 }
 
 impl<'r> Plan<'r> {
-    fn new(resolved: Vec<Resolved<'r>>) -> Self {
-        let live = |r: &Resolved<'r>| r.applied.filter(|_| !r.replaced);
+    fn new(resolved: Vec<Resolved<'r>>, modes: Modes) -> Self {
         let counted = resolved
             .iter()
             .enumerate()
@@ -175,13 +237,24 @@ impl<'r> Plan<'r> {
                 _ => None,
             })
             .collect();
-        let blocked_enforced = resolved.iter().any(|r| {
-            live(r).is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
-        });
+        let enforced = |r: &&Resolved<'r>| live(r).is_some_and(|a| !a.shadow_mode());
+        let blocked = |r: &Resolved<'r>| {
+            live(r).is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }))
+        };
+        let quota = |r: &Resolved<'r>| is_quota(r, modes);
+        // A shadow quota-mode limit never denies, so its group never denies either.
+        let mut quotas = resolved.iter().filter(|r| quota(r));
+        let blocked_enforced = !modes.shadow_mode
+            && (resolved
+                .iter()
+                .filter(enforced)
+                .any(|r| blocked(r) && !quota(r))
+                || quotas.clone().next().is_some() && quotas.all(|r| enforced(&r) && blocked(r)));
         Plan {
             resolved,
             counted,
             blocked_enforced,
+            modes,
         }
     }
 
@@ -196,9 +269,7 @@ impl<'r> Plan<'r> {
     ) {
         let entries = &descriptors[counted.index].entries;
         match self.resolved[counted.index].applied {
-            Some(AppliedLimit::Rule(rule)) => {
-                write_key(key, domain, entries, rule.counter_suffix())
-            }
+            Some(AppliedLimit::Rule(rule)) => write_rule_key(key, domain, entries, rule),
             _ => write_key(key, domain, entries, &quota_suffix(&counted.quota)),
         }
     }
@@ -210,14 +281,20 @@ impl<'r> Plan<'r> {
         Ask::new(key, &counted.quota)
             .cost(if self.blocked_enforced { 0 } else { r.hits })
             .fail(r.applied.and_then(|a| a.fail()))
-            .shadow(r.applied.is_some_and(|a| a.shadow_mode()))
+            .shadow(self.modes.shadow_mode || r.applied.is_some_and(|a| a.shadow_mode()))
+            .quota_mode(is_quota(r, self.modes))
     }
 
     /// The verdict, given the store's `results` for the counted descriptors (in order).
     fn verdict(self, results: Results) -> Verdict<'r> {
         let mut results = results.into_iter();
         let mut counted = self.counted.iter().peekable();
-        let descriptors: Vec<DescriptorVerdict<'r>> = self
+        let quotas: Vec<bool> = self
+            .resolved
+            .iter()
+            .map(|r| is_quota(r, self.modes))
+            .collect();
+        let mut descriptors: Vec<DescriptorVerdict<'r>> = self
             .resolved
             .into_iter()
             .enumerate()
@@ -247,13 +324,45 @@ impl<'r> Plan<'r> {
                     applied: r.applied,
                     status,
                     hits: r.hits,
+                    enforced: true,
                 }
             })
             .collect();
+        // Quota mode: its limits deny only if all of them do.
+        let quota = |i: usize| quotas[i];
+        let mut quota_verdicts = descriptors
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| quota(*i));
+        let quotas_all_deny =
+            quota_verdicts.clone().next().is_some() && quota_verdicts.all(|(_, d)| d.denies());
+        let mut allowed = true;
+        for (i, d) in descriptors.iter_mut().enumerate() {
+            let enforced = !quota(i) || quotas_all_deny;
+            allowed &= !enforced || !d.denies();
+            d.enforced = enforced && !self.modes.shadow_mode;
+        }
         Verdict {
-            allowed: descriptors.iter().all(DescriptorVerdict::allows),
+            allowed: allowed || self.modes.shadow_mode,
+            shadowed: !allowed && self.modes.shadow_mode,
             descriptors,
         }
+    }
+}
+
+/// The limit that applies to `r`, unless another rule replaced it.
+fn live<'r>(r: &Resolved<'r>) -> Option<AppliedLimit<'r>> {
+    r.applied.filter(|_| !r.replaced)
+}
+
+/// Whether `r` is a quota-mode limit that counts or blocks (its rule's `quota_mode`, or every
+/// limit under the global quota mode).
+fn is_quota(r: &Resolved<'_>, modes: Modes) -> bool {
+    match live(r) {
+        Some(a) if !matches!(a.rate(), Rate::Unlimited) => {
+            modes.quota_mode || matches!(a, AppliedLimit::Rule(rule) if rule.quota_mode)
+        }
+        _ => false,
     }
 }
 

@@ -62,16 +62,23 @@ mod admin;
 mod check;
 mod descriptor;
 mod key;
+mod metadata;
 mod resolve;
 mod rules;
 mod ruleset;
 mod unit;
+mod wildcard;
 
 pub use admin::{CounterState, Lookup, inspect, reset};
-pub use check::{DescriptorVerdict, Status, Verdict, check};
+pub use check::{DescriptorVerdict, Modes, Status, Verdict, check, check_with};
 pub use descriptor::{Descriptor, Entry, LimitOverride};
 pub use key::counter_key;
+pub use metadata::{MetaValue, Metadata, merge_metadata};
 pub use resolve::{AppliedLimit, resolve};
-pub use rules::{DomainSpec, LimitSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath, RuleSpec};
+pub use rules::{
+    DomainSpec, Level, LevelValue, LimitSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath,
+    RuleSpec,
+};
 pub use ruleset::{DomainRules, RuleSet};
 pub use unit::{Unit, UnknownUnit};
+pub use wildcard::Wildcard;

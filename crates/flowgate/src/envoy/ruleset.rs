@@ -5,8 +5,10 @@ use std::collections::HashMap;
 
 use super::descriptor::Entry;
 use super::rules::{
-    DomainSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath, RuleSpec, quota_suffix,
+    DomainSpec, Level as RuleLevel, LevelValue, Rate, Rule, RuleError, RuleErrorKind, RulePath,
+    RuleSpec, quota_suffix,
 };
+use super::wildcard::Wildcard;
 
 /// Hash maps of the rule tree: foldhash, fast on short strings (matching is on the hot path;
 /// keys come from configuration, so flooding is not a concern).
@@ -24,8 +26,9 @@ struct Level {
 struct KeyRules {
     /// Rules with an exact value.
     exact: Map<Node>,
-    /// Rules whose value ends in `*`, by prefix, longest prefix first.
-    prefixes: Vec<(String, Node)>,
+    /// Rules whose value holds a `*`, most literal characters first (for trailing `*`: the
+    /// longest prefix), then in definition order.
+    wildcards: Vec<(Wildcard, Node)>,
     /// The rule without a value.
     any: Option<Node>,
 }
@@ -47,9 +50,9 @@ impl Level {
             .get(entry.value.as_str())
             .or_else(|| {
                 rules
-                    .prefixes
+                    .wildcards
                     .iter()
-                    .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                    .find(|(wildcard, _)| wildcard.matches(&entry.value))
                     .map(|(_, node)| node)
             })
             .or(rules.any.as_ref())
@@ -92,7 +95,14 @@ impl RuleSet {
                 domain: index,
                 rules: Vec::new(),
             };
-            set.load_level(&spec.domain, "", &mut root, spec.descriptors, &mut path)?;
+            set.load_level(
+                &spec.domain,
+                "",
+                &mut root,
+                spec.descriptors,
+                &mut path,
+                &mut Vec::new(),
+            )?;
             set.domains.insert(spec.domain, root);
         }
         Ok(set)
@@ -105,6 +115,7 @@ impl RuleSet {
         level: &mut Level,
         specs: Vec<RuleSpec>,
         path: &mut RulePath,
+        levels: &mut Vec<RuleLevel>,
     ) -> Result<(), RuleError> {
         for (index, spec) in specs.into_iter().enumerate() {
             path.rules.push(index);
@@ -124,13 +135,15 @@ impl RuleSet {
             } else {
                 format!("{parent}.{segment}")
             };
+            let wildcard = spec.value.as_deref().and_then(Wildcard::new);
+            if spec.share_threshold && wildcard.is_none() {
+                return Err(fail(RuleErrorKind::ShareWithoutWildcard));
+            }
             let key_rules = level.keys.entry(spec.key.clone()).or_default();
-            let duplicate = match &spec.value {
-                None => key_rules.any.is_some(),
-                Some(value) => match value.strip_suffix('*') {
-                    Some(prefix) => key_rules.prefixes.iter().any(|(p, _)| p == prefix),
-                    None => key_rules.exact.contains_key(value),
-                },
+            let duplicate = match (&spec.value, &wildcard) {
+                (None, _) => key_rules.any.is_some(),
+                (Some(_), Some(w)) => key_rules.wildcards.iter().any(|(p, _)| p == w),
+                (Some(value), None) => key_rules.exact.contains_key(value),
             };
             if duplicate {
                 return Err(fail(RuleErrorKind::DuplicateRule {
@@ -138,6 +151,18 @@ impl RuleSet {
                     value: spec.value,
                 }));
             }
+            levels.push(RuleLevel {
+                key: spec.key.clone(),
+                value: match (&spec.value, &wildcard) {
+                    (None, _) => LevelValue::Any,
+                    (Some(_), Some(w)) => LevelValue::Wildcard {
+                        pattern: w.pattern().to_owned(),
+                        shared: spec.share_threshold,
+                    },
+                    (Some(value), None) => LevelValue::Exact(value.clone()),
+                },
+                value_to_metric: spec.value_to_metric,
+            });
             let mut node = Node::default();
             if let Some(limit) = spec.limit {
                 if limit.replaces.iter().any(String::is_empty) {
@@ -163,7 +188,10 @@ impl RuleSet {
                     replaces: limit.replaces,
                     fail: limit.fail,
                     shadow_mode: spec.shadow_mode,
+                    quota_mode: spec.quota_mode,
                     detailed_metric: spec.detailed_metric,
+                    metadata: spec.metadata,
+                    levels: levels.clone(),
                 });
             }
             self.load_level(
@@ -172,22 +200,23 @@ impl RuleSet {
                 &mut node.children,
                 spec.descriptors,
                 path,
+                levels,
             )?;
+            levels.pop();
             // Re-borrow: loading children needed `self` mutably.
             let key_rules = level.keys.entry(spec.key).or_default();
-            match spec.value {
-                None => key_rules.any = Some(node),
-                Some(value) => match value.strip_suffix('*') {
-                    Some(prefix) => {
-                        key_rules.prefixes.push((prefix.to_owned(), node));
-                        key_rules
-                            .prefixes
-                            .sort_by_key(|p| std::cmp::Reverse(p.0.len()));
-                    }
-                    None => {
-                        key_rules.exact.insert(value, node);
-                    }
-                },
+            match (spec.value, wildcard) {
+                (None, _) => key_rules.any = Some(node),
+                (Some(_), Some(wildcard)) => {
+                    key_rules.wildcards.push((wildcard, node));
+                    // Stable: equally specific patterns keep their definition order.
+                    key_rules
+                        .wildcards
+                        .sort_by_key(|(w, _)| std::cmp::Reverse(w.literal_len()));
+                }
+                (Some(value), None) => {
+                    key_rules.exact.insert(value, node);
+                }
             }
             path.rules.pop();
         }

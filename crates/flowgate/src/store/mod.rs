@@ -82,6 +82,10 @@ pub struct Ask<'a> {
     /// Counted but never denies the request (a limit tried out on live traffic). Stores ignore
     /// it; [`decide`](crate::pipeline::decide) does not let it deny.
     pub shadow: bool,
+    /// One of the request's quota-mode limits: [`decide`](crate::pipeline::decide) denies the
+    /// request for them only when every quota-mode ask is denied (a shadow one never is).
+    /// Stores ignore it.
+    pub quota_mode: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -94,6 +98,7 @@ impl<'a> Ask<'a> {
             cost: 1,
             fail: None,
             shadow: false,
+            quota_mode: false,
         }
     }
 
@@ -115,6 +120,13 @@ impl<'a> Ask<'a> {
     #[inline]
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
+        self
+    }
+
+    /// The same, in quota mode (`true`: denies only with every other quota-mode ask).
+    #[inline]
+    pub fn quota_mode(mut self, quota_mode: bool) -> Self {
+        self.quota_mode = quota_mode;
         self
     }
 }
