@@ -222,11 +222,18 @@ mod tests {
         assert!(!decide(&store, &asks).await.allowed);
         assert_eq!(peek("plain", &roomy).await.unwrap().remaining, 8);
         // An enforced denial denies whatever the quotas say; a shadow quota never denies.
-        let with_shadow = [asks[1], asks[2], Ask::new("s", &one).quota_mode(true).shadow(true)];
+        let with_shadow = [
+            asks[1],
+            asks[2],
+            Ask::new("s", &one).quota_mode(true).shadow(true),
+        ];
         for _ in 0..3 {
             assert!(decide(&store, &with_shadow).await.allowed);
         }
-        let enforced = [Ask::new("e", &one).cost(2), Ask::new("q3", &roomy).quota_mode(true)];
+        let enforced = [
+            Ask::new("e", &one).cost(2),
+            Ask::new("q3", &roomy).quota_mode(true),
+        ];
         assert!(matches!(
             decide(&store, &enforced).await.results[0],
             Err(StoreError::Capacity(_))

@@ -238,9 +238,8 @@ impl<'r> Plan<'r> {
             })
             .collect();
         let enforced = |r: &&Resolved<'r>| live(r).is_some_and(|a| !a.shadow_mode());
-        let blocked = |r: &Resolved<'r>| {
-            live(r).is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }))
-        };
+        let blocked =
+            |r: &Resolved<'r>| live(r).is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }));
         let quota = |r: &Resolved<'r>| is_quota(r, modes);
         // A shadow quota-mode limit never denies, so its group never denies either.
         let mut quotas = resolved.iter().filter(|r| quota(r));
@@ -330,10 +329,7 @@ impl<'r> Plan<'r> {
             .collect();
         // Quota mode: its limits deny only if all of them do.
         let quota = |i: usize| quotas[i];
-        let mut quota_verdicts = descriptors
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| quota(*i));
+        let mut quota_verdicts = descriptors.iter().enumerate().filter(|(i, _)| quota(*i));
         let quotas_all_deny =
             quota_verdicts.clone().next().is_some() && quota_verdicts.all(|(_, d)| d.denies());
         let mut allowed = true;
@@ -436,6 +432,170 @@ mod tests {
         async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
             self.0.reset(ask).await
         }
+    }
+
+    fn compat_rules() -> RuleSet {
+        RuleSet::build(vec![DomainSpec::new(
+            "c",
+            vec![
+                // README example 11: files/* share one threshold, files_no_share/* do not.
+                RuleSpec::new("files")
+                    .with_value("files/*")
+                    .sharing_threshold()
+                    .with_limit(per_minute(10)),
+                RuleSpec::new("files_no_share")
+                    .with_value("files_no_share/*")
+                    .with_limit(per_minute(10)),
+                // Shared at an outer level, limited beneath it.
+                RuleSpec::new("route")
+                    .with_value("api/*")
+                    .sharing_threshold()
+                    .value_to_metric()
+                    .with_children(vec![RuleSpec::new("method").with_limit(per_minute(2))]),
+                RuleSpec::new("path")
+                    .with_value("/api/*/action")
+                    .with_limit(per_minute(1)),
+                RuleSpec::new("q1").quota().with_limit(per_minute(1)),
+                RuleSpec::new("q2").quota().with_limit(per_minute(2)),
+                RuleSpec::new("plain").with_limit(per_minute(100)),
+            ],
+        )])
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn share_threshold_counts_every_match_in_one_counter() {
+        let (rules, store) = (compat_rules(), store());
+        for i in 0..10 {
+            let file = if i % 2 == 0 {
+                "files/a.pdf"
+            } else {
+                "files/b.csv"
+            };
+            let v = check(&rules, &store, "c", &[one("files", file)], 1).await;
+            assert!(v.allowed, "request {i}");
+        }
+        let v = check(&rules, &store, "c", &[one("files", "files/c.txt")], 1).await;
+        assert!(!v.allowed, "the shared threshold of 10 is reached");
+        for _ in 0..10 {
+            let v = check(
+                &rules,
+                &store,
+                "c",
+                &[one("files_no_share", "files_no_share/a.pdf")],
+                1,
+            )
+            .await;
+            assert!(v.allowed);
+        }
+        let v = check(
+            &rules,
+            &store,
+            "c",
+            &[one("files_no_share", "files_no_share/a.pdf")],
+            1,
+        )
+        .await;
+        assert!(!v.allowed);
+        let v = check(
+            &rules,
+            &store,
+            "c",
+            &[one("files_no_share", "files_no_share/b.csv")],
+            1,
+        )
+        .await;
+        assert!(v.allowed, "isolated thresholds");
+        // An outer shared level: api/v1 and api/v2 share per method, GET and POST apart.
+        let req = |route: &str, method: &str| {
+            vec![Descriptor::new(vec![
+                Entry::new("route", route),
+                Entry::new("method", method),
+            ])]
+        };
+        assert!(
+            check(&rules, &store, "c", &req("api/v1", "GET"), 1)
+                .await
+                .allowed
+        );
+        assert!(
+            check(&rules, &store, "c", &req("api/v2", "GET"), 1)
+                .await
+                .allowed
+        );
+        assert!(
+            !check(&rules, &store, "c", &req("api/v3", "GET"), 1)
+                .await
+                .allowed
+        );
+        assert!(
+            check(&rules, &store, "c", &req("api/v3", "POST"), 1)
+                .await
+                .allowed
+        );
+        // The admin lookup reads the same shared counter.
+        let lookup = crate::envoy::inspect(&rules, &store, "c", &req("api/zzz", "GET")[0].entries)
+            .await
+            .unwrap();
+        let crate::envoy::Lookup::Counter(state) = lookup else {
+            panic!("{lookup:?}");
+        };
+        assert!(state.key.contains("route=api/*|"), "{}", state.key);
+        assert_eq!(state.decision.remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn middle_and_multiple_wildcards_match() {
+        let (rules, store) = (compat_rules(), store());
+        let v = check(&rules, &store, "c", &[one("path", "/api/123/action")], 1).await;
+        assert!(
+            matches!(v.descriptors[0].applied, Some(AppliedLimit::Rule(r)) if r.path == "path_/api/*/action")
+        );
+        let v = check(&rules, &store, "c", &[one("path", "/api/123/other")], 1).await;
+        assert_eq!(v.descriptors[0].status, Status::Unmatched);
+    }
+
+    #[tokio::test]
+    async fn quota_mode_denies_only_when_every_quota_limit_denies() {
+        let (rules, store) = (compat_rules(), store());
+        let request = [one("q1", "u"), one("q2", "u"), one("plain", "p")];
+        let v = check(&rules, &store, "c", &request, 1).await;
+        assert!(v.allowed && v.descriptors.iter().all(|d| !d.denies()));
+        // q1 is exhausted: reported over its limit, but q2 passes, so the request does.
+        let v = check(&rules, &store, "c", &request, 1).await;
+        assert!(v.allowed);
+        assert!(v.descriptors[0].denies() && !v.descriptors[0].enforced);
+        assert!(v.descriptors[0].allows());
+        // Both exhausted: denied, and `plain` keeps its units.
+        let v = check(&rules, &store, "c", &request, 1).await;
+        assert!(!v.allowed);
+        assert!(v.descriptors[0].enforced && v.descriptors[1].enforced);
+        let v = check(&rules, &store, "c", &[one("plain", "p")], 1).await;
+        assert_eq!(
+            remaining(&v, 0),
+            97,
+            "two units taken before, none by the denied request"
+        );
+        // The global quota mode puts every limit in quota mode: `plain` alone passing is enough.
+        let modes = Modes::new(false, true);
+        let v = check_with(&rules, &store, "c", &request, 1, modes).await;
+        assert!(v.allowed);
+    }
+
+    #[tokio::test]
+    async fn global_shadow_mode_allows_and_reports_the_limits_answers() {
+        let (rules, store) = (rules(), store());
+        let modes = Modes::new(true, false);
+        let request = [one("global", "g")];
+        for n in 0..3 {
+            let v = check_with(&rules, &store, "d", &request, 1, modes).await;
+            assert!(v.allowed);
+            assert_eq!((v.shadowed, v.descriptors[0].denies()), (n == 2, n == 2));
+        }
+        let v = check_with(&rules, &store, "d", &[one("user", "banned")], 1, modes).await;
+        assert!(v.allowed && v.shadowed && v.descriptors[0].denies());
+        let v = check(&rules, &store, "d", &request, 1).await;
+        assert!(!v.allowed && !v.shadowed);
     }
 
     #[tokio::test]

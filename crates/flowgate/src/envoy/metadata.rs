@@ -61,7 +61,9 @@ pub fn merge_metadata(dest: &mut Metadata, src: &Metadata) {
             (None, _) => {
                 dest.insert(name.clone(), value.clone());
             }
-            (Some(MetaValue::Struct(inner)), MetaValue::Struct(from)) => merge_metadata(inner, from),
+            (Some(MetaValue::Struct(inner)), MetaValue::Struct(from)) => {
+                merge_metadata(inner, from)
+            }
             (Some(_), _) => {}
         }
     }

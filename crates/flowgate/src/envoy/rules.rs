@@ -151,6 +151,12 @@ impl RuleSpec {
         self
     }
 
+    /// The same rule with `detailed_metric`.
+    pub fn detailed(mut self) -> Self {
+        self.detailed_metric = true;
+        self
+    }
+
     /// The same rule in quota mode.
     pub fn quota(mut self) -> Self {
         self.quota_mode = true;
@@ -304,11 +310,15 @@ impl Rule {
     }
 
     /// Whether the metric name depends on the request: `detailed_metric`, or `value_to_metric`
-    /// at a level whose value is not fixed by the rule.
+    /// at a level whose value is not fixed by the rule (no value, or an unshared wildcard).
     pub fn metric_per_value(&self) -> bool {
         self.detailed_metric
             || self.levels.iter().any(|l| {
-                l.value_to_metric && !matches!(l.value, LevelValue::Exact(_))
+                l.value_to_metric
+                    && matches!(
+                        l.value,
+                        LevelValue::Any | LevelValue::Wildcard { shared: false, .. }
+                    )
             })
     }
 
@@ -330,7 +340,13 @@ impl Rule {
             }
             name.push_str(&entry.key);
             let value: &str = match (&level.value, self.detailed_metric) {
-                (LevelValue::Wildcard { pattern, shared: true }, _) => pattern,
+                (
+                    LevelValue::Wildcard {
+                        pattern,
+                        shared: true,
+                    },
+                    _,
+                ) => pattern,
                 (_, true) => &entry.value,
                 (LevelValue::Exact(v), false) => v,
                 (LevelValue::Wildcard { .. }, false) if level.value_to_metric => &entry.value,

@@ -369,6 +369,129 @@ mod tests {
     }
 
     #[test]
+    fn the_most_literal_wildcard_wins_then_definition_order() {
+        let set = RuleSet::build(vec![DomainSpec::new(
+            "w",
+            vec![
+                RuleSpec::new("p").with_value("*x").with_limit(limited(1)),
+                RuleSpec::new("p").with_value("a*").with_limit(limited(2)),
+                RuleSpec::new("p")
+                    .with_value("a*b*c")
+                    .with_limit(limited(3)),
+                RuleSpec::new("p").with_value("abc").with_limit(limited(4)),
+            ],
+        )])
+        .unwrap();
+        assert_eq!(path_of(&set, "w", &[("p", "abc")]).unwrap(), "p_abc");
+        assert_eq!(path_of(&set, "w", &[("p", "a1b2c")]).unwrap(), "p_a*b*c");
+        // `*x` and `a*` are as specific: the first defined wins.
+        assert_eq!(path_of(&set, "w", &[("p", "ax")]).unwrap(), "p_*x");
+        assert_eq!(path_of(&set, "w", &[("p", "a")]).unwrap(), "p_a*");
+        assert_eq!(path_of(&set, "w", &[("p", "b")]), None);
+    }
+
+    #[test]
+    fn metric_names_follow_value_to_metric_share_threshold_and_detailed_metric() {
+        let limit = || limited(60);
+        let set = RuleSet::build(vec![
+            // README example 10.
+            DomainSpec::new(
+                "example10",
+                vec![RuleSpec::new("route").value_to_metric().with_children(vec![
+                    RuleSpec::new("http_method")
+                        .value_to_metric()
+                        .with_children(vec![RuleSpec::new("subject_id").with_limit(limit())]),
+                ])],
+            ),
+            DomainSpec::new(
+                "example10_wildcard",
+                vec![RuleSpec::new("user").value_to_metric().with_children(vec![
+                    RuleSpec::new("action")
+                        .with_value("read*")
+                        .value_to_metric()
+                        .with_children(vec![RuleSpec::new("resource").with_limit(limit())]),
+                ])],
+            ),
+            // README example 11, with the pattern as envoyproxy/ratelimit's code writes it.
+            DomainSpec::new(
+                "example11_metrics",
+                vec![
+                    RuleSpec::new("route")
+                        .with_value("api/*")
+                        .sharing_threshold()
+                        .value_to_metric()
+                        .with_children(vec![RuleSpec::new("method").with_limit(limit())]),
+                ],
+            ),
+            DomainSpec::new(
+                "detailed",
+                vec![
+                    RuleSpec::new("a")
+                        .with_value("x*")
+                        .sharing_threshold()
+                        .with_children(vec![RuleSpec::new("b").with_limit(limit()).detailed()]),
+                    RuleSpec::new("c").with_value("y*").with_limit(limit()),
+                ],
+            ),
+        ])
+        .unwrap();
+        let name = |domain: &str, pairs: &[(&str, &str)]| {
+            let e = entries(pairs);
+            let rule = set.find(domain, &e).unwrap();
+            (rule.metric_per_value(), rule.metric_name(&e))
+        };
+        assert_eq!(
+            name(
+                "example10",
+                &[
+                    ("route", "api"),
+                    ("http_method", "GET"),
+                    ("subject_id", "123")
+                ]
+            ),
+            (true, "route_api.http_method_GET.subject_id".to_owned())
+        );
+        assert_eq!(
+            name(
+                "example10_wildcard",
+                &[
+                    ("user", "alice"),
+                    ("action", "readfile"),
+                    ("resource", "documents")
+                ]
+            ),
+            (true, "user_alice.action_readfile.resource".to_owned())
+        );
+        assert_eq!(
+            name(
+                "example11_metrics",
+                &[("route", "api/v1"), ("method", "GET")]
+            ),
+            (false, "route_api/*.method".to_owned())
+        );
+        assert_eq!(
+            name("detailed", &[("a", "x1"), ("b", "v")]),
+            (true, "a_x*.b_v".to_owned())
+        );
+        let e = entries(&[("c", "y2")]);
+        let plain = set.find("detailed", &e).unwrap();
+        assert_eq!(
+            (plain.metric_per_value(), plain.metric_name(&e)),
+            (false, plain.path.clone())
+        );
+    }
+
+    #[test]
+    fn share_threshold_needs_a_wildcard() {
+        let err = RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![RuleSpec::new("a").with_value("x").sharing_threshold()],
+        )])
+        .unwrap_err();
+        assert_eq!(err.kind, RuleErrorKind::ShareWithoutWildcard);
+    }
+
+    #[test]
     fn invalid_rules_are_rejected_with_their_path() {
         let dup = RuleSet::build(vec![DomainSpec::new(
             "d",
