@@ -4,9 +4,13 @@
 //! `flowgate_over_limit_total`, `flowgate_near_limit_total` (≥ 80 % of the limit used),
 //! `flowgate_within_limit_total`, `flowgate_shadow_mode_total` (denials let through by shadow
 //! mode). Labels are `domain` and `rule` (the rule's path in its tree), so their number is
-//! bounded by the number of rules; a rule with `detailed_metric: true` gets one series per
-//! descriptor value instead, up to [`MAX_DETAILED_SERIES`] in all (beyond, its values are
-//! counted in the rule's own series and `flowgate_detailed_metric_overflow_total`). A reload
+//! bounded by the number of rules; a rule with `detailed_metric: true`, or `value_to_metric:
+//! true` on a level whose value the rule does not fix, gets one series per descriptor value
+//! instead, named as envoyproxy/ratelimit names its stats
+//! ([`Rule::metric_name`](flowgate::envoy::Rule::metric_name)), up to [`MAX_DETAILED_SERIES`]
+//! in all (beyond, its values are counted in the rule's own series and
+//! `flowgate_detailed_metric_overflow_total`). `flowgate_global_shadow_mode_total` counts the
+//! requests the global shadow mode let through. A reload
 //! drops the series of rules it removed (and their detailed series). Limit overrides sent by clients are counted under
 //! `rule="_override"`.
 //!
@@ -239,6 +243,8 @@ pub struct Metrics {
     series: parking_lot::Mutex<Series>,
     /// `detailed_metric` values counted in their rule's series because of the bound.
     detailed_overflow: Counter,
+    /// Requests the global shadow mode let through although a limit denied them.
+    global_shadow: Counter,
 }
 
 /// Reads the WebSocket gateway's counters.
@@ -428,9 +434,16 @@ impl Metrics {
             "Hits of detailed_metric rules counted in the rule's own series because MAX_DETAILED_SERIES value series exist",
             detailed_overflow.clone(),
         );
+        let global_shadow = Counter::default();
+        registry.register(
+            "global_shadow_mode",
+            "Requests allowed by the global shadow mode (--shadow-mode) although a limit denied them",
+            global_shadow.clone(),
+        );
         Metrics {
             series: parking_lot::Mutex::default(),
             detailed_overflow,
+            global_shadow,
             http_oversized_bodies,
             listener_oversized,
             listener_tls_failures,
@@ -461,6 +474,11 @@ impl Metrics {
             oversized: self.listener_oversized.get_or_create_owned(&label),
             tls_failures: self.listener_tls_failures.get_or_create_owned(&label),
         }
+    }
+
+    /// Counts a request the global shadow mode let through although a limit denied it.
+    pub fn global_shadow_mode(&self) {
+        self.global_shadow.inc();
     }
 
     /// Counts an HTTP API request refused for its body's size.
@@ -574,13 +592,15 @@ impl Metrics {
     }
 
     /// Counts one descriptor's outcome. `counters` are the running configuration's, by rule id;
-    /// `detail` builds the series name of `detailed_metric` rules.
+    /// `detail` builds the series name of rules whose name depends on the request
+    /// ([`Rule::metric_per_value`](flowgate::envoy::Rule::metric_per_value): `detailed_metric`,
+    /// `value_to_metric`).
     pub fn record(
         &self,
         domain: &str,
         verdict: &DescriptorVerdict<'_>,
         counters: &[RuleCounters],
-        detail: impl FnOnce() -> String,
+        detail: impl FnOnce(&flowgate::envoy::Rule) -> String,
     ) {
         let decision = match &verdict.status {
             Status::Counted(Ok(decision)) => Some(decision),
@@ -602,7 +622,7 @@ impl Metrics {
         }
         let owned;
         let counters = match verdict.applied {
-            Some(AppliedLimit::Rule(rule)) if !rule.detailed_metric => {
+            Some(AppliedLimit::Rule(rule)) if !rule.metric_per_value() => {
                 match counters.get(rule.id) {
                     Some(c) => c,
                     None => return,
@@ -611,7 +631,7 @@ impl Metrics {
             Some(AppliedLimit::Rule(rule)) => {
                 let labels = RuleLabels {
                     domain: rule.domain.clone(),
-                    rule: detail(),
+                    rule: detail(rule),
                 };
                 let mut series = self.series.lock();
                 let known = series.detailed.contains_key(&labels);

@@ -56,6 +56,9 @@ pub struct ServerConfig {
     /// TLS on the listeners (`--tls-cert`, `--tls-key`, `--tls-listeners`); the certificate
     /// is reloaded when its files change and on SIGHUP (with [`ServerConfig::watch`]).
     pub tls: Option<ListenerTls>,
+    /// The rate-limit APIs' global modes (`--shadow-mode`, `--quota-mode`,
+    /// `--response-dynamic-metadata`).
+    pub rls: api::RlsSettings,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -104,6 +107,7 @@ impl ServerConfig {
             dashboard: true,
             admin_token: None,
             tls: None,
+            rls: api::RlsSettings::default(),
         })
     }
 }
@@ -165,7 +169,8 @@ pub async fn run(
     let service = Arc::new(
         Service::new(config.policy, config.backend)
             .with_admin_token(config.admin_token)
-            .with_input_limits(input),
+            .with_input_limits(input)
+            .with_rls_settings(config.rls),
     );
     service.require_store_for_readiness(config.ready_requires_store);
     let (stop, stopped) = watch::channel(false);

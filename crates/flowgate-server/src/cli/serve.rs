@@ -201,6 +201,19 @@ pub struct ServeArgs {
     /// path without the query, status, time to the response head).
     #[arg(long, env = "FLOWGATE_ACCESS_LOG")]
     pub access_log: bool,
+    /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): every rate-limit request is
+    /// allowed; limits are counted, and reported over limit per descriptor, as usual.
+    #[arg(long, env = "FLOWGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Global quota mode (envoyproxy/ratelimit's `QUOTA_MODE`): every limit in quota mode — a
+    /// request is denied only when all of its limits deny.
+    #[arg(long, env = "FLOWGATE_QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// Fill the RLS response's `dynamic_metadata` (envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA`): domain, descriptors, hits and the matched rules'
+    /// `metadata` (docs/service.md).
+    #[arg(long, env = "FLOWGATE_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
     /// Do not serve the live dashboard (`/dashboard`); also `FLOWGATE_NO_DASHBOARD=1` or
     /// `FLOWGATE_DASHBOARD=off`.
     #[arg(long, env = "FLOWGATE_NO_DASHBOARD")]
@@ -288,6 +301,10 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
     config.grace_period = args.grace_period;
     config.max_body_bytes = args.max_body_bytes;
     config.access_log = args.access_log;
+    config.rls = crate::api::RlsSettings {
+        modes: flowgate::envoy::Modes::new(args.shadow_mode, args.quota_mode),
+        dynamic_metadata: args.response_dynamic_metadata,
+    };
     config.listen = crate::listen::ListenLimits {
         max_connections: args.max_connections,
         header_read_timeout: args.header_read_timeout,
