@@ -9,8 +9,11 @@
 //! level through its rule tree and answers with at most one [`Rule`]:
 //!
 //! * At each level, a rule with the entry's key **and** value wins over a rule whose value is a
-//!   prefix pattern (`value: "/api/*"`; the longest matching prefix wins), which wins over a rule
-//!   with the key only (no `value`: it matches every value and keeps one counter per value).
+//!   [`Wildcard`] (`value: "/api/*"`, `"/api/*/action"`: each `*` matches any run of
+//!   characters; among several, the most literal characters win — for trailing `*`, the longest
+//!   prefix — then the first defined), which wins over a rule with the key only (no `value`: it
+//!   matches every value and keeps one counter per value). A wildcard rule keeps one counter per
+//!   value too, unless it has `share_threshold`: then all its matches share one.
 //! * A rule applies only at the depth of the request's descriptor: the limit of the rule reached
 //!   by the **last** entry is returned; a limit on an intermediate rule does not apply to a longer
 //!   descriptor, and a descriptor longer than the rule tree matches nothing.
@@ -21,7 +24,7 @@
 //!
 //! **Checking** ([`check`]). A request names a domain and carries one or more [`Descriptor`]s;
 //! each is matched to at most one rule or carries its own limit override, and every counted
-//! descriptor is asked of the store at once ([`check_all`](crate::limits::check_all)): the
+//! descriptor is asked of the store at once ([`pipeline::decide`](crate::pipeline::decide)): the
 //! request is allowed only if every enforced limit allows, and a denied request consumes
 //! nothing anywhere.
 //!
@@ -33,6 +36,10 @@
 //!   shadow mode counts but never denies.
 //! * A rule whose `name` is listed in the `replaces` of another rule matched by the same request
 //!   is skipped.
+//! * `quota_mode` rules deny only together: the request is denied for them only when every
+//!   quota-mode limit it matches denies ([`check_with`] also has the global shadow and quota
+//!   modes).
+//! * A rule's `metadata` is carried on its [`Rule`] for the service's response.
 //! * Each rule's `fail` mode travels with its request to the store ([`Ask::fail`](crate::store::Ask::fail)),
 //!   where a [`FallbackStore`](crate::store::FallbackStore) applies it.
 //!
