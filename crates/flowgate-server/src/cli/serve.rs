@@ -201,8 +201,9 @@ pub struct ServeArgs {
     /// path without the query, status, time to the response head).
     #[arg(long, env = "FLOWGATE_ACCESS_LOG")]
     pub access_log: bool,
-    /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): every rate-limit request is
-    /// allowed; limits are counted, and reported over limit per descriptor, as usual.
+    /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): every request decided by the
+    /// configuration's rules (gRPC, `/json`, `/v1/check`, the gateway) is allowed; limits are
+    /// counted, and reported over limit per descriptor, as usual.
     #[arg(long, env = "FLOWGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
     /// Global quota mode (envoyproxy/ratelimit's `QUOTA_MODE`): every limit in quota mode — a
@@ -396,6 +397,16 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
         );
         if let Some(tls) = &config.tls {
             tracing::info!(listeners = ?tls.listeners, "serving TLS");
+        }
+        if config.rls.modes.shadow_mode {
+            tracing::warn!("global shadow mode (--shadow-mode): every request is allowed");
+        }
+        if config.rls.modes.quota_mode || config.rls.dynamic_metadata {
+            tracing::info!(
+                quota_mode = config.rls.modes.quota_mode,
+                response_dynamic_metadata = config.rls.dynamic_metadata,
+                "rate-limit API modes"
+            );
         }
         if let (Some(listener), Some(addr), Some(upstream)) = (&gateway, &gateway_addr, &upstream) {
             tracing::info!(gateway = %bound(listener, addr), %upstream, "gateway proxying");
