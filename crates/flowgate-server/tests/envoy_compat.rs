@@ -402,3 +402,34 @@ async fn value_to_metric_names_series_with_the_values() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_configuration_shows_the_new_fields() {
+    let server = compat().await;
+    let config = server.get("/v1/config").await.json();
+    let rule = |path: &str| {
+        config["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["rule"] == path)
+            .unwrap_or_else(|| panic!("no rule {path}"))
+            .clone()
+    };
+    assert_eq!(rule("files_files/*")["share_threshold"], true);
+    assert_eq!(
+        rule("files_no_share_files_no_share/*")["share_threshold"],
+        false
+    );
+    assert_eq!(rule("quota_a")["quota_mode"], true);
+    assert_eq!(
+        rule("vroute.http_method.subject_id")["value_to_metric"],
+        true
+    );
+    assert_eq!(
+        rule("tenant")["metadata"],
+        serde_json::json!({"team": "payments", "limits": {"tier": "gold", "burst": 2}})
+    );
+    assert!(rule("plain").get("metadata").is_none());
+    server.stop().await;
+}
