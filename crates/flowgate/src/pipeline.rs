@@ -39,9 +39,16 @@ impl Outcome {
     /// The outcome for `results` of `asks`: allowed when every enforced ask was granted and,
     /// if there are quota-mode asks, not all of them were denied.
     fn new(asks: &[Ask<'_>], results: Results) -> Self {
+        let granted = |(ask, result): (&Ask<'_>, &Result<Decision, StoreError>)| {
+            ask.shadow || matches!(result, Ok(d) if d.allowed)
+        };
+        if !asks.iter().any(|ask| ask.quota_mode) {
+            let allowed = asks.iter().zip(&results).all(granted);
+            return Outcome { allowed, results };
+        }
         let (mut enforced_granted, mut quotas, mut quotas_denied) = (true, 0usize, 0usize);
         for (ask, result) in asks.iter().zip(&results) {
-            let denied = !ask.shadow && !matches!(result, Ok(d) if d.allowed);
+            let denied = !granted((ask, result));
             if ask.quota_mode {
                 quotas += 1;
                 quotas_denied += usize::from(denied);

@@ -223,36 +223,44 @@ struct Plan<'r> {
     /// mode, or every quota-mode limit blocked): the others are then only peeked, so nothing
     /// is consumed.
     blocked_enforced: bool,
+    /// Whether some descriptor is a quota-mode limit.
+    has_quota: bool,
     /// The service-wide modes.
     modes: Modes,
 }
 
 impl<'r> Plan<'r> {
     fn new(resolved: Vec<Resolved<'r>>, modes: Modes) -> Self {
-        let counted = resolved
-            .iter()
-            .enumerate()
-            .filter_map(|(index, r)| match live(r)?.rate() {
-                Rate::Limited(quota) => Some(Counted { index, quota }),
-                _ => None,
-            })
-            .collect();
-        let enforced = |r: &&Resolved<'r>| live(r).is_some_and(|a| !a.shadow_mode());
-        let blocked =
-            |r: &Resolved<'r>| live(r).is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }));
-        let quota = |r: &Resolved<'r>| is_quota(r, modes);
-        // A shadow quota-mode limit never denies, so its group never denies either.
-        let mut quotas = resolved.iter().filter(|r| quota(r));
-        let blocked_enforced = !modes.shadow_mode
-            && (resolved
-                .iter()
-                .filter(enforced)
-                .any(|r| blocked(r) && !quota(r))
-                || quotas.clone().next().is_some() && quotas.all(|r| enforced(&r) && blocked(r)));
+        let mut counted = Vec::with_capacity(resolved.len());
+        // One pass: what is counted, whether a blocked limit outside quota mode is enforced,
+        // and whether every quota-mode limit is blocked and enforced (a shadow quota-mode
+        // limit never denies, so its group never denies either).
+        let (mut blocked_outside_quota, mut has_quota, mut quotas_all_blocked) =
+            (false, false, true);
+        for (index, r) in resolved.iter().enumerate() {
+            let Some(applied) = live(r) else { continue };
+            let rate = applied.rate();
+            let quota = !matches!(rate, Rate::Unlimited)
+                && (modes.quota_mode
+                    || matches!(applied, AppliedLimit::Rule(rule) if rule.quota_mode));
+            let blocked_enforced = matches!(rate, Rate::Blocked { .. }) && !applied.shadow_mode();
+            if let Rate::Limited(quota) = rate {
+                counted.push(Counted { index, quota });
+            }
+            if quota {
+                has_quota = true;
+                quotas_all_blocked &= blocked_enforced;
+            } else {
+                blocked_outside_quota |= blocked_enforced;
+            }
+        }
+        let blocked_enforced =
+            !modes.shadow_mode && (blocked_outside_quota || has_quota && quotas_all_blocked);
         Plan {
             resolved,
             counted,
             blocked_enforced,
+            has_quota,
             modes,
         }
     }
@@ -281,21 +289,17 @@ impl<'r> Plan<'r> {
             .cost(if self.blocked_enforced { 0 } else { r.hits })
             .fail(r.applied.and_then(|a| a.fail()))
             .shadow(self.modes.shadow_mode || r.applied.is_some_and(|a| a.shadow_mode()))
-            .quota_mode(is_quota(r, self.modes))
+            .quota_mode(self.has_quota && is_quota(r, self.modes))
     }
 
     /// The verdict, given the store's `results` for the counted descriptors (in order).
     fn verdict(self, results: Results) -> Verdict<'r> {
         let mut results = results.into_iter();
         let mut counted = self.counted.iter().peekable();
-        let quotas: Vec<bool> = self
-            .resolved
-            .iter()
-            .map(|r| is_quota(r, self.modes))
-            .collect();
         let mut descriptors: Vec<DescriptorVerdict<'r>> = self
             .resolved
-            .into_iter()
+            .iter()
+            .copied()
             .enumerate()
             .map(|(i, r)| {
                 let status = match r.applied.map(|a| a.rate()) {
@@ -327,16 +331,23 @@ impl<'r> Plan<'r> {
                 }
             })
             .collect();
-        // Quota mode: its limits deny only if all of them do.
-        let quota = |i: usize| quotas[i];
-        let mut quota_verdicts = descriptors.iter().enumerate().filter(|(i, _)| quota(*i));
-        let quotas_all_deny =
-            quota_verdicts.clone().next().is_some() && quota_verdicts.all(|(_, d)| d.denies());
         let mut allowed = true;
-        for (i, d) in descriptors.iter_mut().enumerate() {
-            let enforced = !quota(i) || quotas_all_deny;
-            allowed &= !enforced || !d.denies();
-            d.enforced = enforced && !self.modes.shadow_mode;
+        if self.has_quota {
+            // Quota mode: its limits deny only if all of them do.
+            let quota = |i: usize| is_quota(&self.resolved[i], self.modes);
+            let mut quota_verdicts = descriptors.iter().enumerate().filter(|(i, _)| quota(*i));
+            let quotas_all_deny =
+                quota_verdicts.clone().next().is_some() && quota_verdicts.all(|(_, d)| d.denies());
+            for (i, d) in descriptors.iter_mut().enumerate() {
+                let enforced = !quota(i) || quotas_all_deny;
+                allowed &= !enforced || !d.denies();
+                d.enforced = enforced && !self.modes.shadow_mode;
+            }
+        } else {
+            for d in &mut descriptors {
+                allowed &= !d.denies();
+                d.enforced = !self.modes.shadow_mode;
+            }
         }
         Verdict {
             allowed: allowed || self.modes.shadow_mode,

@@ -233,6 +233,8 @@ pub struct Rule {
     /// The end of this rule's counter keys (its quota), built once; see
     /// [`counter_key`](super::counter_key).
     pub(super) counter_suffix: String,
+    /// Whether a level shares its counter (`share_threshold`), computed once.
+    pub(super) shares: bool,
 }
 
 /// How a rule, or one of its ancestors, matches its entry of a descriptor: what counter keys
@@ -306,7 +308,7 @@ impl Rule {
 
     /// Whether some level shares its counter among its wildcard's matches (`share_threshold`).
     pub fn shares_counter(&self) -> bool {
-        self.levels.iter().any(|l| l.shared_pattern().is_some())
+        self.shares
     }
 
     /// Whether the metric name depends on the request: `detailed_metric`, or `value_to_metric`

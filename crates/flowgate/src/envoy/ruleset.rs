@@ -191,6 +191,7 @@ impl RuleSet {
                     quota_mode: spec.quota_mode,
                     detailed_metric: spec.detailed_metric,
                     metadata: spec.metadata,
+                    shares: levels.iter().any(|l| l.shared_pattern().is_some()),
                     levels: levels.clone(),
                 });
             }

@@ -16,8 +16,10 @@
 pub struct Wildcard {
     /// The pattern as written.
     pattern: String,
-    /// The literal parts between the `*`s (at least two; the first and last may be empty).
-    parts: Vec<String>,
+    /// Byte index of the first `*`.
+    first: usize,
+    /// Byte index of the last `*` (the same as `first` when there is one).
+    last: usize,
     /// The number of literal bytes: how specific the pattern is.
     literal_len: usize,
 }
@@ -25,14 +27,13 @@ pub struct Wildcard {
 impl Wildcard {
     /// The pattern for `value`, or `None` when it has no `*` (an exact value).
     pub fn new(value: &str) -> Option<Wildcard> {
-        if !value.contains('*') {
-            return None;
-        }
-        let parts: Vec<String> = value.split('*').map(str::to_owned).collect();
-        let literal_len = parts.iter().map(String::len).sum();
+        let first = value.find('*')?;
+        let last = value.rfind('*')?;
+        let literal_len = value.len() - value.matches('*').count();
         Some(Wildcard {
             pattern: value.to_owned(),
-            parts,
+            first,
+            last,
             literal_len,
         })
     }
@@ -48,29 +49,36 @@ impl Wildcard {
         self.literal_len
     }
 
-    /// Whether `value` matches: it starts with the first part, ends with the last, and holds
-    /// the middle parts in order, without overlap, in between.
+    /// Whether `value` matches: it starts with the part before the first `*`, ends with the
+    /// part after the last, and holds the parts in between in order, without overlap, between
+    /// those two. Allocates nothing.
+    #[inline]
     pub fn matches(&self, value: &str) -> bool {
-        let (first, rest) = match self.parts.split_first() {
-            Some(split) => split,
-            None => return false,
-        };
-        let (last, middle) = match rest.split_last() {
-            Some(split) => split,
-            None => return value == first,
-        };
-        if value.len() < self.literal_len {
+        let (pattern, bytes) = (self.pattern.as_bytes(), value.as_bytes());
+        // Cheap rejections first, inline: too short, or the first byte differs (the usual
+        // miss when a key has several wildcard rules).
+        if bytes.len() < self.literal_len || (self.first > 0 && bytes.first() != pattern.first()) {
             return false;
         }
-        let Some(value) = value.strip_prefix(first.as_str()) else {
+        self.matches_parts(value)
+    }
+
+    /// [`matches`](Wildcard::matches) past its quick rejections.
+    fn matches_parts(&self, value: &str) -> bool {
+        let prefix = &self.pattern[..self.first];
+        let suffix = &self.pattern[self.last + 1..];
+        let Some(rest) = value.strip_prefix(prefix) else {
             return false;
         };
-        let Some(mut between) = value.strip_suffix(last.as_str()) else {
+        let Some(mut between) = rest.strip_suffix(suffix) else {
             return false;
         };
+        if self.first == self.last {
+            return true;
+        }
         // Leftmost placement of each middle part leaves the most room for the next ones.
-        for part in middle {
-            match between.find(part.as_str()) {
+        for part in self.pattern[self.first + 1..self.last].split('*') {
+            match between.find(part) {
                 Some(at) => between = &between[at + part.len()..],
                 None => return false,
             }
