@@ -9,7 +9,12 @@
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!     target/release/examples/envoy_match_cost trailing 200000
 //! ```
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    missing_docs
+)]
 
 use std::future::Future;
 use std::pin::pin;
