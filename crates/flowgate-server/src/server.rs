@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub tls: Option<ListenerTls>,
     /// The RLQS service on the gRPC listener (`--rlqs-*`).
     pub rlqs: crate::rlqs::RlqsOptions,
+    /// The rate-limit APIs' global modes (`--shadow-mode`, `--quota-mode`,
+    /// `--response-dynamic-metadata`).
+    pub rls: api::RlsSettings,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -107,6 +110,7 @@ impl ServerConfig {
             admin_token: None,
             tls: None,
             rlqs: crate::rlqs::RlqsOptions::default(),
+            rls: api::RlsSettings::default(),
         })
     }
 }
@@ -169,7 +173,8 @@ pub async fn run(
     let service = Arc::new(
         Service::new(config.policy, config.backend)
             .with_admin_token(config.admin_token)
-            .with_input_limits(input),
+            .with_input_limits(input)
+            .with_rls_settings(config.rls),
     );
     service.require_store_for_readiness(config.ready_requires_store);
     let (stop, stopped) = watch::channel(false);

@@ -3,7 +3,9 @@
 //! A request often falls under several limits — per IP *and* per API key *and* per route. It
 //! goes through only if every enforced limit allows it; units taken from the limits that
 //! allowed are given back when another denies, so a denied request consumes nothing anywhere.
-//! Shadow limits ([`Ask::shadow`]) are counted but never deny.
+//! Shadow limits ([`Ask::shadow`]) are counted but never deny; quota-mode limits
+//! ([`Ask::quota_mode`]) deny only together: the request is denied for them when every
+//! quota-mode limit denies.
 //!
 //! [`decide`] does all of it over any [`Store`]: one ask goes straight to the store, several go
 //! together ([`Store::check_many`]: one round trip where the store batches), and the refunds
@@ -34,12 +36,27 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The outcome for `results` of `asks`: allowed when every enforced ask was granted.
+    /// The outcome for `results` of `asks`: allowed when every enforced ask was granted and,
+    /// if there are quota-mode asks, not all of them were denied.
     fn new(asks: &[Ask<'_>], results: Results) -> Self {
-        let allowed = asks
-            .iter()
-            .zip(&results)
-            .all(|(ask, result)| ask.shadow || matches!(result, Ok(d) if d.allowed));
+        let granted = |(ask, result): (&Ask<'_>, &Result<Decision, StoreError>)| {
+            ask.shadow || matches!(result, Ok(d) if d.allowed)
+        };
+        if !asks.iter().any(|ask| ask.quota_mode) {
+            let allowed = asks.iter().zip(&results).all(granted);
+            return Outcome { allowed, results };
+        }
+        let (mut enforced_granted, mut quotas, mut quotas_denied) = (true, 0usize, 0usize);
+        for (ask, result) in asks.iter().zip(&results) {
+            let denied = !granted((ask, result));
+            if ask.quota_mode {
+                quotas += 1;
+                quotas_denied += usize::from(denied);
+            } else if denied {
+                enforced_granted = false;
+            }
+        }
+        let allowed = enforced_granted && (quotas == 0 || quotas_denied < quotas);
         Outcome { allowed, results }
     }
 
@@ -188,6 +205,50 @@ mod tests {
     use crate::Quota;
     use crate::clock::ManualClock;
     use crate::store::MemoryStore;
+
+    #[tokio::test]
+    async fn quota_mode_limits_deny_only_when_all_of_them_deny() {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(1 << 40))
+            .build();
+        let (one, two, roomy) = (
+            Quota::per_minute(1),
+            Quota::per_minute(2),
+            Quota::per_minute(10),
+        );
+        let asks = [
+            Ask::new("plain", &roomy),
+            Ask::new("q1", &one).quota_mode(true),
+            Ask::new("q2", &two).quota_mode(true),
+        ];
+        let peek = |key, quota| store.peek(Ask::new(key, quota));
+        // 1st: all grant. 2nd: q1 denies, q2 grants: allowed. 3rd: both deny: denied, and
+        // "plain" is refunded.
+        assert!(decide(&store, &asks).await.allowed);
+        let second = decide(&store, &asks).await;
+        assert!(second.allowed);
+        assert!(!second.results[1].as_ref().unwrap().allowed);
+        assert!(!decide(&store, &asks).await.allowed);
+        assert_eq!(peek("plain", &roomy).await.unwrap().remaining, 8);
+        // An enforced denial denies whatever the quotas say; a shadow quota never denies.
+        let with_shadow = [
+            asks[1],
+            asks[2],
+            Ask::new("s", &one).quota_mode(true).shadow(true),
+        ];
+        for _ in 0..3 {
+            assert!(decide(&store, &with_shadow).await.allowed);
+        }
+        let enforced = [
+            Ask::new("e", &one).cost(2),
+            Ask::new("q3", &roomy).quota_mode(true),
+        ];
+        assert!(matches!(
+            decide(&store, &enforced).await.results[0],
+            Err(StoreError::Capacity(_))
+        ));
+        assert!(!decide(&store, &enforced).await.allowed);
+    }
 
     #[tokio::test]
     async fn shadow_limits_count_but_never_deny_and_denials_refund_everything() {

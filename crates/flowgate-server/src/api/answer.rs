@@ -51,7 +51,9 @@ pub fn answer(verdict: &Verdict<'_>, items: &[HeaderValue]) -> Answer {
             AppliedLimit::Rule(rule) => items.get(rule.id)?,
             AppliedLimit::Override(..) => own.next()?,
         };
-        let (name, enforced) = (limit_name(applied), !applied.shadow_mode());
+        // Shadow mode (the rule's or the global one) and quota mode while another quota-mode
+        // limit passes: reported, not enforced.
+        let (name, enforced) = (limit_name(applied), d.enforced && !applied.shadow_mode());
         match &d.status {
             Status::Counted(result) => Some(LimitReport::new(name, policy_item, enforced, result)),
             Status::Blocked { period } => {

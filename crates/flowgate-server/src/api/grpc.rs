@@ -67,7 +67,13 @@ impl RateLimitService for Rls {
         let answer = active.answer(&verdict);
         match answer.kind() {
             kind @ (AnswerKind::Unavailable | AnswerKind::Failed) => Err(store_status(kind)),
-            _ => Ok(Response::new(rls::response(&verdict, answer))),
+            _ => {
+                let mut response = rls::response(&verdict, answer);
+                if self.service.rls_settings().dynamic_metadata {
+                    response.dynamic_metadata = Some(rls::dynamic_metadata(&request, &verdict));
+                }
+                Ok(Response::new(response))
+            }
         }
     }
 }

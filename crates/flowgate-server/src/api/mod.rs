@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use ::http::HeaderValue;
 use arc_swap::ArcSwap;
 use flowgate::answer::Answer;
-use flowgate::envoy::{Descriptor, Verdict};
+use flowgate::envoy::{Descriptor, Modes, Verdict};
 
 use flowgate::top::TopKeys;
 
@@ -87,6 +87,20 @@ pub struct Service {
     top_denied: TopKeys,
     /// What one API request may carry.
     input: InputLimits,
+    /// The service-wide modes of the rate-limit APIs.
+    rls: RlsSettings,
+}
+
+/// Service-wide settings of the rate-limit APIs (gRPC `ShouldRateLimit`, `POST /json`,
+/// `POST /v1/check`), envoyproxy/ratelimit's `SHADOW_MODE`, `QUOTA_MODE` and
+/// `RESPONSE_DYNAMIC_METADATA` (`flowgate serve --shadow-mode`, `--quota-mode`,
+/// `--response-dynamic-metadata`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RlsSettings {
+    /// The global shadow and quota modes.
+    pub modes: Modes,
+    /// Fill the RLS response's `dynamic_metadata` ([`rls::dynamic_metadata`]).
+    pub dynamic_metadata: bool,
 }
 
 /// What the last configuration reload did.
@@ -139,7 +153,19 @@ impl Service {
             last_reload: parking_lot::Mutex::new(None),
             top_denied: TopKeys::new(TOP_KEYS_CAPACITY),
             input: InputLimits::default(),
+            rls: RlsSettings::default(),
         }
+    }
+
+    /// The service-wide modes of the rate-limit APIs.
+    pub fn with_rls_settings(mut self, rls: RlsSettings) -> Self {
+        self.rls = rls;
+        self
+    }
+
+    /// The service-wide modes of the rate-limit APIs.
+    pub fn rls_settings(&self) -> RlsSettings {
+        self.rls
     }
 
     /// Enables the admin endpoints (`/v1/keys/...`) behind `token`.
@@ -226,17 +252,23 @@ impl Service {
         hits_addend: u64,
     ) -> Verdict<'a> {
         let started = Instant::now();
-        let verdict = flowgate::envoy::check(
+        let verdict = flowgate::envoy::check_with(
             &active.policy.rules,
             self.backend.store(),
             domain,
             descriptors,
             hits_addend,
+            self.rls.modes,
         )
         .await;
+        if verdict.shadowed {
+            self.metrics.global_shadow_mode();
+        }
         for (result, request) in verdict.descriptors.iter().zip(descriptors) {
             self.metrics
-                .record(domain, result, &active.counters, || detail_name(request));
+                .record(domain, result, &active.counters, |rule| {
+                    rule.metric_name(&request.entries)
+                });
             if result.over_limit() {
                 record_denied(&self.top_denied, domain, request, result.hits);
             }
@@ -268,23 +300,6 @@ fn record_denied(top: &TopKeys, domain: &str, request: &Descriptor, hits: u64) {
         http::admin::write_path(name, domain, &request.entries);
         top.record_n(name.as_bytes(), hits.max(1));
     });
-}
-
-/// The metric series name of a `detailed_metric` rule: the request's descriptor as
-/// envoyproxy/ratelimit writes it (`key_value.key2_value2`).
-fn detail_name(request: &Descriptor) -> String {
-    let mut name = String::new();
-    for (i, entry) in request.entries.iter().enumerate() {
-        if i > 0 {
-            name.push('.');
-        }
-        name.push_str(&entry.key);
-        if !entry.value.is_empty() {
-            name.push('_');
-            name.push_str(&entry.value);
-        }
-    }
-    name
 }
 
 impl reload::Target for Service {

@@ -208,6 +208,20 @@ pub struct ServeArgs {
     /// path without the query, status, time to the response head).
     #[arg(long, env = "FLOWGATE_ACCESS_LOG")]
     pub access_log: bool,
+    /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): every request decided by the
+    /// configuration's rules (gRPC, `/json`, `/v1/check`, the gateway) is allowed; limits are
+    /// counted, and reported over limit per descriptor, as usual.
+    #[arg(long, env = "FLOWGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Global quota mode (envoyproxy/ratelimit's `QUOTA_MODE`): every limit in quota mode — a
+    /// request is denied only when all of its limits deny.
+    #[arg(long, env = "FLOWGATE_QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// Fill the RLS response's `dynamic_metadata` (envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA`): domain, descriptors, hits and the matched rules'
+    /// `metadata` (docs/service.md).
+    #[arg(long, env = "FLOWGATE_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
     /// Do not serve the live dashboard (`/dashboard`); also `FLOWGATE_NO_DASHBOARD=1` or
     /// `FLOWGATE_DASHBOARD=off`.
     #[arg(long, env = "FLOWGATE_NO_DASHBOARD")]
@@ -298,6 +312,10 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
     config.grace_period = args.grace_period;
     config.max_body_bytes = args.max_body_bytes;
     config.access_log = args.access_log;
+    config.rls = crate::api::RlsSettings {
+        modes: flowgate::envoy::Modes::new(args.shadow_mode, args.quota_mode),
+        dynamic_metadata: args.response_dynamic_metadata,
+    };
     config.listen = crate::listen::ListenLimits {
         max_connections: args.max_connections,
         header_read_timeout: args.header_read_timeout,
@@ -386,6 +404,16 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
         };
         if let Some(tls) = &config.tls {
             tracing::info!(listeners = ?tls.listeners, "serving TLS");
+        }
+        if config.rls.modes.shadow_mode {
+            tracing::warn!("global shadow mode (--shadow-mode): every request is allowed");
+        }
+        if config.rls.modes.quota_mode || config.rls.dynamic_metadata {
+            tracing::info!(
+                quota_mode = config.rls.modes.quota_mode,
+                response_dynamic_metadata = config.rls.dynamic_metadata,
+                "rate-limit API modes"
+            );
         }
         if let (Some(listener), Some(addr), Some(upstream)) = (&gateway, &gateway_addr, &upstream) {
             tracing::info!(gateway = %bound(listener, addr), %upstream, "gateway proxying");

@@ -248,6 +248,7 @@ impl Policy {
                 RuleErrorKind::EmptyReplaces | RuleErrorKind::ReplacesItself(_) => {
                     "rate_limit.replaces"
                 }
+                RuleErrorKind::ShareWithoutWildcard => "share_threshold",
             };
             let message = match &e.kind {
                 RuleErrorKind::DuplicateDomain(d) => {

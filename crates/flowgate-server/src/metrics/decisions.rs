@@ -112,6 +112,8 @@ pub(super) struct Decisions {
     series: parking_lot::Mutex<Series>,
     /// `detailed_metric` values counted in their rule's series because of the bound.
     detailed_overflow: Counter,
+    /// Requests the global shadow mode let through although a limit denied them.
+    global_shadow: Counter,
     /// Decision latency per API, resolved once (by [`Api`]).
     latency: [Histogram; 4],
 }
@@ -157,12 +159,24 @@ impl Decisions {
             "Hits of detailed_metric rules counted in the rule's own series because MAX_DETAILED_SERIES value series exist",
             detailed_overflow.clone(),
         );
+        let global_shadow = Counter::default();
+        registry.register(
+            "global_shadow_mode",
+            "Requests allowed by the global shadow mode (--shadow-mode) although a limit denied them",
+            global_shadow.clone(),
+        );
         Decisions {
             rules,
             series: parking_lot::Mutex::default(),
             detailed_overflow,
+            global_shadow,
             latency,
         }
+    }
+
+    /// Counts a request the global shadow mode let through although a limit denied it.
+    pub(super) fn global_shadow_mode(&self) {
+        self.global_shadow.inc();
     }
 
     /// Records how long a decision took.
@@ -225,18 +239,20 @@ impl Decisions {
 
     /// Counts one descriptor that was decided (`decision`) or whose cost can never fit
     /// (`None`: counted as over the limit). `counters` are the running configuration's, by
-    /// rule id; `detail` builds the series name of `detailed_metric` rules.
+    /// rule id; `detail` builds the series name of rules whose name depends on the request
+    /// ([`Rule::metric_per_value`](flowgate::envoy::Rule::metric_per_value): `detailed_metric`,
+    /// `value_to_metric`).
     pub(super) fn count(
         &self,
         domain: &str,
         verdict: &DescriptorVerdict<'_>,
         decision: Option<&Decision>,
         counters: &[RuleCounters],
-        detail: impl FnOnce() -> String,
+        detail: impl FnOnce(&flowgate::envoy::Rule) -> String,
     ) {
         let owned;
         let counters = match verdict.applied {
-            Some(AppliedLimit::Rule(rule)) if !rule.detailed_metric => {
+            Some(AppliedLimit::Rule(rule)) if !rule.metric_per_value() => {
                 match counters.get(rule.id) {
                     Some(c) => c,
                     None => return,
@@ -245,7 +261,7 @@ impl Decisions {
             Some(AppliedLimit::Rule(rule)) => {
                 let labels = RuleLabels {
                     domain: rule.domain.clone(),
-                    rule: detail(),
+                    rule: detail(rule),
                 };
                 let mut series = self.series.lock();
                 let known = series.detailed.contains_key(&labels);
@@ -341,7 +357,7 @@ mod tests {
         for _ in 0..times {
             let verdict = envoy::check(rules, store, "api", &request, 1).await;
             for result in &verdict.descriptors {
-                metrics.record("api", result, counters, || {
+                metrics.record("api", result, counters, |_| {
                     let e = &request[0].entries[0];
                     format!("{}_{}", e.key, e.value)
                 });

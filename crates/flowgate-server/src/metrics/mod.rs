@@ -6,9 +6,11 @@
 //!   the limit used), `flowgate_within_limit_total`, `flowgate_shadow_mode_total` (denials let
 //!   through by shadow mode). Labels are `domain` and `rule` (the rule's path in its tree), so
 //!   their number is bounded by the number of rules; a rule with `detailed_metric: true` gets
-//!   one series per descriptor value instead, up to [`MAX_DETAILED_SERIES`] in all (beyond, its
-//!   values are counted in the rule's own series and
-//!   `flowgate_detailed_metric_overflow_total`). A reload drops the series of rules it removed
+//!   one series per descriptor value instead (so does `value_to_metric: true` on a level whose
+//!   value the rule does not fix, named as envoyproxy/ratelimit names its stats), up to
+//!   [`MAX_DETAILED_SERIES`] in all (beyond, its values are counted in the rule's own series and
+//!   `flowgate_detailed_metric_overflow_total`); `flowgate_global_shadow_mode_total` counts
+//!   the requests the global shadow mode let through. A reload drops the series of rules it removed
 //!   (and their detailed series). Limit overrides sent by clients are counted under
 //!   `rule="_override"`. And the latency of each decision,
 //!   `flowgate_decision_duration_seconds{api}`.
@@ -114,6 +116,11 @@ impl Metrics {
         self.listeners.listener(listener)
     }
 
+    /// Counts a request the global shadow mode let through although a limit denied it.
+    pub fn global_shadow_mode(&self) {
+        self.decisions.global_shadow_mode();
+    }
+
     /// Counts an HTTP API request refused for its body's size.
     pub fn oversized_body(&self) {
         self.listeners.oversized_body();
@@ -146,13 +153,15 @@ impl Metrics {
     }
 
     /// Counts one descriptor's outcome. `counters` are the running configuration's, by rule id;
-    /// `detail` builds the series name of `detailed_metric` rules.
+    /// `detail` builds the series name of rules whose name depends on the request
+    /// ([`Rule::metric_per_value`](flowgate::envoy::Rule::metric_per_value): `detailed_metric`,
+    /// `value_to_metric`).
     pub fn record(
         &self,
         domain: &str,
         verdict: &DescriptorVerdict<'_>,
         counters: &[RuleCounters],
-        detail: impl FnOnce() -> String,
+        detail: impl FnOnce(&flowgate::envoy::Rule) -> String,
     ) {
         let decision = match &verdict.status {
             Status::Counted(Ok(decision)) => Some(decision),

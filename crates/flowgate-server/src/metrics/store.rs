@@ -161,6 +161,7 @@ mod tests {
             applied: None,
             status: Status::Counted(Err(error)),
             hits: 1,
+            enforced: true,
         }
     }
 
@@ -174,10 +175,10 @@ mod tests {
             StoreError::Backend("NOSCRIPT".into()),
         ];
         for error in errors {
-            metrics.record("api", &failed(error), &[], String::new);
+            metrics.record("api", &failed(error), &[], |_| String::new());
         }
         let capacity = flowgate::Quota::per_second(1).check_cost(2).unwrap_err();
-        metrics.record("api", &failed(capacity.into()), &[], String::new);
+        metrics.record("api", &failed(capacity.into()), &[], |_| String::new());
         let text = metrics.encode();
         let kind = |kind: &str| {
             sample(

@@ -29,7 +29,7 @@
 //! [`check`]: super::check
 
 use super::descriptor::Entry;
-use super::key::write_key;
+use super::key::write_rule_key;
 use super::rules::{Rate, Rule};
 use super::ruleset::RuleSet;
 use crate::decision::Decision;
@@ -104,7 +104,7 @@ fn counter<'r>(
         return None;
     };
     let mut key = String::new();
-    write_key(&mut key, domain, entries, rule.counter_suffix());
+    write_rule_key(&mut key, domain, entries, rule);
     Some((rule, key, quota))
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::descriptor::Descriptor;
-use super::key::write_key;
+use super::key::{write_key, write_rule_key};
 use super::resolve::{AppliedLimit, Resolved, resolve};
 use super::rules::{Rate, quota_suffix};
 use super::ruleset::RuleSet;
@@ -44,18 +44,29 @@ pub struct DescriptorVerdict<'r> {
     pub status: Status,
     /// The units this descriptor asked for.
     pub hits: u64,
+    /// Whether a denial here denies the request: not in shadow mode (the rule's or the global
+    /// one), and not a quota-mode limit while another quota-mode limit of the request passes.
+    pub enforced: bool,
 }
 
 impl DescriptorVerdict<'_> {
     /// Whether this descriptor lets the request through: everything but an enforced denial,
     /// block or failure.
     pub fn allows(&self) -> bool {
+        !self.enforced || !self.denies()
+    }
+
+    /// Whether the limit itself says no — denied, blocked or failed — unless its rule is in
+    /// shadow mode. What envoyproxy/ratelimit reports as the descriptor's `OVER_LIMIT`: the
+    /// global shadow mode and quota mode change the request's answer, not this.
+    pub fn denies(&self) -> bool {
         let shadow = self.applied.is_some_and(|a| a.shadow_mode());
-        match &self.status {
-            Status::Counted(Ok(decision)) => decision.allowed || shadow,
-            Status::Counted(Err(_)) | Status::Blocked { .. } => shadow,
-            _ => true,
-        }
+        !shadow
+            && match &self.status {
+                Status::Counted(Ok(decision)) => !decision.allowed,
+                Status::Counted(Err(_)) | Status::Blocked { .. } => true,
+                _ => false,
+            }
     }
 
     /// Whether the limit denied (or would have denied, in shadow mode).
@@ -74,8 +85,37 @@ impl DescriptorVerdict<'_> {
 pub struct Verdict<'r> {
     /// Whether every descriptor allows the request.
     pub allowed: bool,
+    /// Whether the request would have been denied but the global shadow mode let it through.
+    pub shadowed: bool,
     /// One entry per request descriptor, in order.
     pub descriptors: Vec<DescriptorVerdict<'r>>,
+}
+
+/// Service-wide modes of [`check_with`], as envoyproxy/ratelimit's `SHADOW_MODE` and
+/// `QUOTA_MODE` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Modes {
+    /// Every request is allowed; limits are counted (and reported over limit) as usual.
+    pub shadow_mode: bool,
+    /// Every limit is in quota mode.
+    pub quota_mode: bool,
+}
+
+impl Modes {
+    /// No global mode.
+    pub const NONE: Modes = Modes {
+        shadow_mode: false,
+        quota_mode: false,
+    };
+
+    /// These modes.
+    pub const fn new(shadow_mode: bool, quota_mode: bool) -> Modes {
+        Modes {
+            shadow_mode,
+            quota_mode,
+        }
+    }
 }
 
 /// Checks a request against `rules`, counting in `store`. `hits_addend` is the request-level
@@ -99,6 +139,24 @@ pub async fn check<'r, S: Store + ?Sized>(
     descriptors: &[Descriptor],
     hits_addend: u64,
 ) -> Verdict<'r> {
+    check_with(rules, store, domain, descriptors, hits_addend, Modes::NONE).await
+}
+
+/// [`check`] under service-wide [`Modes`]. Quota mode (a rule's `quota_mode`, or every rule
+/// with [`Modes::quota_mode`]) follows envoyproxy/ratelimit: the request is denied when an
+/// enforced limit outside quota mode denies, or when **every** quota-mode limit of the request
+/// denies; a quota-mode limit that denies while another passes is reported over its limit
+/// and does not deny. The global shadow mode allows every request and counts as usual,
+/// reporting each limit's own answer ([`DescriptorVerdict::denies`]) and
+/// [`Verdict::shadowed`].
+pub async fn check_with<'r, S: Store + ?Sized>(
+    rules: &'r RuleSet,
+    store: &S,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits_addend: u64,
+    modes: Modes,
+) -> Verdict<'r> {
     let resolved = match resolve(rules, domain, descriptors, hits_addend) {
         Ok(resolved) => resolved,
         Err(e) => {
@@ -109,14 +167,16 @@ pub async fn check<'r, S: Store + ?Sized>(
                     "invalid limit override: {e}"
                 )))),
                 hits: d.hits_addend.unwrap_or(request_hits),
+                enforced: !modes.shadow_mode,
             };
             return Verdict {
-                allowed: false,
+                allowed: modes.shadow_mode,
+                shadowed: modes.shadow_mode,
                 descriptors: descriptors.iter().map(failed).collect(),
             };
         }
     };
-    let plan = Plan::new(resolved);
+    let plan = Plan::new(resolved, modes);
     if let [only] = plan.counted.as_slice() {
         // One limit: its key in a reused buffer, decided here if the store answers at once.
         let now = crate::scratch::with_buffer(|key| {
@@ -159,29 +219,49 @@ struct Plan<'r> {
     resolved: Vec<Resolved<'r>>,
     /// The descriptors asked of the store, in request order.
     counted: Vec<Counted>,
-    /// A blocked, enforced limit denies the request whatever the others say: the others are
-    /// then only peeked, so nothing is consumed.
+    /// A blocked, enforced limit denies the request whatever the others say (outside quota
+    /// mode, or every quota-mode limit blocked): the others are then only peeked, so nothing
+    /// is consumed.
     blocked_enforced: bool,
+    /// Whether some descriptor is a quota-mode limit.
+    has_quota: bool,
+    /// The service-wide modes.
+    modes: Modes,
 }
 
 impl<'r> Plan<'r> {
-    fn new(resolved: Vec<Resolved<'r>>) -> Self {
-        let live = |r: &Resolved<'r>| r.applied.filter(|_| !r.replaced);
-        let counted = resolved
-            .iter()
-            .enumerate()
-            .filter_map(|(index, r)| match live(r)?.rate() {
-                Rate::Limited(quota) => Some(Counted { index, quota }),
-                _ => None,
-            })
-            .collect();
-        let blocked_enforced = resolved.iter().any(|r| {
-            live(r).is_some_and(|a| matches!(a.rate(), Rate::Blocked { .. }) && !a.shadow_mode())
-        });
+    fn new(resolved: Vec<Resolved<'r>>, modes: Modes) -> Self {
+        let mut counted = Vec::with_capacity(resolved.len());
+        // One pass: what is counted, whether a blocked limit outside quota mode is enforced,
+        // and whether every quota-mode limit is blocked and enforced (a shadow quota-mode
+        // limit never denies, so its group never denies either).
+        let (mut blocked_outside_quota, mut has_quota, mut quotas_all_blocked) =
+            (false, false, true);
+        for (index, r) in resolved.iter().enumerate() {
+            let Some(applied) = live(r) else { continue };
+            let rate = applied.rate();
+            let quota = !matches!(rate, Rate::Unlimited)
+                && (modes.quota_mode
+                    || matches!(applied, AppliedLimit::Rule(rule) if rule.quota_mode));
+            let blocked_enforced = matches!(rate, Rate::Blocked { .. }) && !applied.shadow_mode();
+            if let Rate::Limited(quota) = rate {
+                counted.push(Counted { index, quota });
+            }
+            if quota {
+                has_quota = true;
+                quotas_all_blocked &= blocked_enforced;
+            } else {
+                blocked_outside_quota |= blocked_enforced;
+            }
+        }
+        let blocked_enforced =
+            !modes.shadow_mode && (blocked_outside_quota || has_quota && quotas_all_blocked);
         Plan {
             resolved,
             counted,
             blocked_enforced,
+            has_quota,
+            modes,
         }
     }
 
@@ -196,9 +276,7 @@ impl<'r> Plan<'r> {
     ) {
         let entries = &descriptors[counted.index].entries;
         match self.resolved[counted.index].applied {
-            Some(AppliedLimit::Rule(rule)) => {
-                write_key(key, domain, entries, rule.counter_suffix())
-            }
+            Some(AppliedLimit::Rule(rule)) => write_rule_key(key, domain, entries, rule),
             _ => write_key(key, domain, entries, &quota_suffix(&counted.quota)),
         }
     }
@@ -212,16 +290,18 @@ impl<'r> Plan<'r> {
             .cost(if peek_only { 0 } else { r.hits })
             .charge(r.charge)
             .fail(r.applied.and_then(|a| a.fail()))
-            .shadow(r.applied.is_some_and(|a| a.shadow_mode()))
+            .shadow(self.modes.shadow_mode || r.applied.is_some_and(|a| a.shadow_mode()))
+            .quota_mode(self.has_quota && is_quota(r, self.modes))
     }
 
     /// The verdict, given the store's `results` for the counted descriptors (in order).
     fn verdict(self, results: Results) -> Verdict<'r> {
         let mut results = results.into_iter();
         let mut counted = self.counted.iter().peekable();
-        let descriptors: Vec<DescriptorVerdict<'r>> = self
+        let mut descriptors: Vec<DescriptorVerdict<'r>> = self
             .resolved
-            .into_iter()
+            .iter()
+            .copied()
             .enumerate()
             .map(|(i, r)| {
                 let status = match r.applied.map(|a| a.rate()) {
@@ -251,13 +331,49 @@ impl<'r> Plan<'r> {
                     applied: r.applied,
                     status,
                     hits: r.hits,
+                    enforced: true,
                 }
             })
             .collect();
+        let mut allowed = true;
+        if self.has_quota {
+            // Quota mode: its limits deny only if all of them do.
+            let quota = |i: usize| is_quota(&self.resolved[i], self.modes);
+            let mut quota_verdicts = descriptors.iter().enumerate().filter(|(i, _)| quota(*i));
+            let quotas_all_deny =
+                quota_verdicts.clone().next().is_some() && quota_verdicts.all(|(_, d)| d.denies());
+            for (i, d) in descriptors.iter_mut().enumerate() {
+                let enforced = !quota(i) || quotas_all_deny;
+                allowed &= !enforced || !d.denies();
+                d.enforced = enforced && !self.modes.shadow_mode;
+            }
+        } else {
+            for d in &mut descriptors {
+                allowed &= !d.denies();
+                d.enforced = !self.modes.shadow_mode;
+            }
+        }
         Verdict {
-            allowed: descriptors.iter().all(DescriptorVerdict::allows),
+            allowed: allowed || self.modes.shadow_mode,
+            shadowed: !allowed && self.modes.shadow_mode,
             descriptors,
         }
+    }
+}
+
+/// The limit that applies to `r`, unless another rule replaced it.
+fn live<'r>(r: &Resolved<'r>) -> Option<AppliedLimit<'r>> {
+    r.applied.filter(|_| !r.replaced)
+}
+
+/// Whether `r` is a quota-mode limit that counts or blocks (its rule's `quota_mode`, or every
+/// limit under the global quota mode).
+fn is_quota(r: &Resolved<'_>, modes: Modes) -> bool {
+    match live(r) {
+        Some(a) if !matches!(a.rate(), Rate::Unlimited) => {
+            modes.quota_mode || matches!(a, AppliedLimit::Rule(rule) if rule.quota_mode)
+        }
+        _ => false,
     }
 }
 
@@ -331,6 +447,170 @@ mod tests {
         async fn reset(&self, ask: Ask<'_>) -> Result<(), StoreError> {
             self.0.reset(ask).await
         }
+    }
+
+    fn compat_rules() -> RuleSet {
+        RuleSet::build(vec![DomainSpec::new(
+            "c",
+            vec![
+                // README example 11: files/* share one threshold, files_no_share/* do not.
+                RuleSpec::new("files")
+                    .with_value("files/*")
+                    .sharing_threshold()
+                    .with_limit(per_minute(10)),
+                RuleSpec::new("files_no_share")
+                    .with_value("files_no_share/*")
+                    .with_limit(per_minute(10)),
+                // Shared at an outer level, limited beneath it.
+                RuleSpec::new("route")
+                    .with_value("api/*")
+                    .sharing_threshold()
+                    .value_to_metric()
+                    .with_children(vec![RuleSpec::new("method").with_limit(per_minute(2))]),
+                RuleSpec::new("path")
+                    .with_value("/api/*/action")
+                    .with_limit(per_minute(1)),
+                RuleSpec::new("q1").quota().with_limit(per_minute(1)),
+                RuleSpec::new("q2").quota().with_limit(per_minute(2)),
+                RuleSpec::new("plain").with_limit(per_minute(100)),
+            ],
+        )])
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn share_threshold_counts_every_match_in_one_counter() {
+        let (rules, store) = (compat_rules(), store());
+        for i in 0..10 {
+            let file = if i % 2 == 0 {
+                "files/a.pdf"
+            } else {
+                "files/b.csv"
+            };
+            let v = check(&rules, &store, "c", &[one("files", file)], 1).await;
+            assert!(v.allowed, "request {i}");
+        }
+        let v = check(&rules, &store, "c", &[one("files", "files/c.txt")], 1).await;
+        assert!(!v.allowed, "the shared threshold of 10 is reached");
+        for _ in 0..10 {
+            let v = check(
+                &rules,
+                &store,
+                "c",
+                &[one("files_no_share", "files_no_share/a.pdf")],
+                1,
+            )
+            .await;
+            assert!(v.allowed);
+        }
+        let v = check(
+            &rules,
+            &store,
+            "c",
+            &[one("files_no_share", "files_no_share/a.pdf")],
+            1,
+        )
+        .await;
+        assert!(!v.allowed);
+        let v = check(
+            &rules,
+            &store,
+            "c",
+            &[one("files_no_share", "files_no_share/b.csv")],
+            1,
+        )
+        .await;
+        assert!(v.allowed, "isolated thresholds");
+        // An outer shared level: api/v1 and api/v2 share per method, GET and POST apart.
+        let req = |route: &str, method: &str| {
+            vec![Descriptor::new(vec![
+                Entry::new("route", route),
+                Entry::new("method", method),
+            ])]
+        };
+        assert!(
+            check(&rules, &store, "c", &req("api/v1", "GET"), 1)
+                .await
+                .allowed
+        );
+        assert!(
+            check(&rules, &store, "c", &req("api/v2", "GET"), 1)
+                .await
+                .allowed
+        );
+        assert!(
+            !check(&rules, &store, "c", &req("api/v3", "GET"), 1)
+                .await
+                .allowed
+        );
+        assert!(
+            check(&rules, &store, "c", &req("api/v3", "POST"), 1)
+                .await
+                .allowed
+        );
+        // The admin lookup reads the same shared counter.
+        let lookup = crate::envoy::inspect(&rules, &store, "c", &req("api/zzz", "GET")[0].entries)
+            .await
+            .unwrap();
+        let crate::envoy::Lookup::Counter(state) = lookup else {
+            panic!("{lookup:?}");
+        };
+        assert!(state.key.contains("route=api/*|"), "{}", state.key);
+        assert_eq!(state.decision.remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn middle_and_multiple_wildcards_match() {
+        let (rules, store) = (compat_rules(), store());
+        let v = check(&rules, &store, "c", &[one("path", "/api/123/action")], 1).await;
+        assert!(
+            matches!(v.descriptors[0].applied, Some(AppliedLimit::Rule(r)) if r.path == "path_/api/*/action")
+        );
+        let v = check(&rules, &store, "c", &[one("path", "/api/123/other")], 1).await;
+        assert_eq!(v.descriptors[0].status, Status::Unmatched);
+    }
+
+    #[tokio::test]
+    async fn quota_mode_denies_only_when_every_quota_limit_denies() {
+        let (rules, store) = (compat_rules(), store());
+        let request = [one("q1", "u"), one("q2", "u"), one("plain", "p")];
+        let v = check(&rules, &store, "c", &request, 1).await;
+        assert!(v.allowed && v.descriptors.iter().all(|d| !d.denies()));
+        // q1 is exhausted: reported over its limit, but q2 passes, so the request does.
+        let v = check(&rules, &store, "c", &request, 1).await;
+        assert!(v.allowed);
+        assert!(v.descriptors[0].denies() && !v.descriptors[0].enforced);
+        assert!(v.descriptors[0].allows());
+        // Both exhausted: denied, and `plain` keeps its units.
+        let v = check(&rules, &store, "c", &request, 1).await;
+        assert!(!v.allowed);
+        assert!(v.descriptors[0].enforced && v.descriptors[1].enforced);
+        let v = check(&rules, &store, "c", &[one("plain", "p")], 1).await;
+        assert_eq!(
+            remaining(&v, 0),
+            97,
+            "two units taken before, none by the denied request"
+        );
+        // The global quota mode puts every limit in quota mode: `plain` alone passing is enough.
+        let modes = Modes::new(false, true);
+        let v = check_with(&rules, &store, "c", &request, 1, modes).await;
+        assert!(v.allowed);
+    }
+
+    #[tokio::test]
+    async fn global_shadow_mode_allows_and_reports_the_limits_answers() {
+        let (rules, store) = (rules(), store());
+        let modes = Modes::new(true, false);
+        let request = [one("global", "g")];
+        for n in 0..3 {
+            let v = check_with(&rules, &store, "d", &request, 1, modes).await;
+            assert!(v.allowed);
+            assert_eq!((v.shadowed, v.descriptors[0].denies()), (n == 2, n == 2));
+        }
+        let v = check_with(&rules, &store, "d", &[one("user", "banned")], 1, modes).await;
+        assert!(v.allowed && v.shadowed && v.descriptors[0].denies());
+        let v = check(&rules, &store, "d", &request, 1).await;
+        assert!(!v.allowed && !v.shadowed);
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! Counter keys: where a descriptor's counter lives in the store.
 
 use super::descriptor::Entry;
-use super::rules::quota_suffix;
+use super::rules::{Rule, quota_suffix};
 use crate::quota::Quota;
 use crate::store::key::KeyWriter;
 
@@ -32,6 +32,25 @@ pub(super) fn write_key(key: &mut String, domain: &str, entries: &[Entry], suffi
         writer = writer.field(&entry.key, &entry.value);
     }
     writer.suffix(suffix);
+}
+
+/// Appends the counter key of `entries` under `rule` to `key`: as [`write_key`] with the rule's
+/// quota, but a level with `share_threshold` writes its wildcard pattern instead of the
+/// request's value, so every matching value counts in one counter.
+pub(super) fn write_rule_key(key: &mut String, domain: &str, entries: &[Entry], rule: &Rule) {
+    if !rule.shares_counter() {
+        return write_key(key, domain, entries, rule.counter_suffix());
+    }
+    let mut writer = KeyWriter::domain(key, domain);
+    for (i, entry) in entries.iter().enumerate() {
+        let value = rule
+            .levels
+            .get(i)
+            .and_then(|l| l.shared_pattern())
+            .unwrap_or(&entry.value);
+        writer = writer.field(&entry.key, value);
+    }
+    writer.suffix(rule.counter_suffix());
 }
 
 #[cfg(test)]

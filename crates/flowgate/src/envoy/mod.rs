@@ -9,8 +9,11 @@
 //! level through its rule tree and answers with at most one [`Rule`]:
 //!
 //! * At each level, a rule with the entry's key **and** value wins over a rule whose value is a
-//!   prefix pattern (`value: "/api/*"`; the longest matching prefix wins), which wins over a rule
-//!   with the key only (no `value`: it matches every value and keeps one counter per value).
+//!   [`Wildcard`] (`value: "/api/*"`, `"/api/*/action"`: each `*` matches any run of
+//!   characters; among several, the most literal characters win — for trailing `*`, the longest
+//!   prefix — then the first defined), which wins over a rule with the key only (no `value`: it
+//!   matches every value and keeps one counter per value). A wildcard rule keeps one counter per
+//!   value too, unless it has `share_threshold`: then all its matches share one.
 //! * A rule applies only at the depth of the request's descriptor: the limit of the rule reached
 //!   by the **last** entry is returned; a limit on an intermediate rule does not apply to a longer
 //!   descriptor, and a descriptor longer than the rule tree matches nothing.
@@ -37,6 +40,10 @@
 //!   taken, into debt past the limit): a descriptor marked [`Descriptor::charge`], or hits
 //!   above zero on a rule whose limit [`charge`](LimitSpec::charge)s. A charge is never
 //!   refunded when another limit denies the request.
+//! * `quota_mode` rules deny only together: the request is denied for them only when every
+//!   quota-mode limit it matches denies ([`check_with`] also has the global shadow and quota
+//!   modes).
+//! * A rule's `metadata` is carried on its [`Rule`] for the service's response.
 //! * Each rule's `fail` mode travels with its request to the store ([`Ask::fail`](crate::store::Ask::fail)),
 //!   where a [`FallbackStore`](crate::store::FallbackStore) applies it.
 //!
@@ -66,16 +73,23 @@ mod admin;
 mod check;
 mod descriptor;
 mod key;
+mod metadata;
 mod resolve;
 mod rules;
 mod ruleset;
 mod unit;
+mod wildcard;
 
 pub use admin::{CounterState, Lookup, inspect, reset};
-pub use check::{DescriptorVerdict, Status, Verdict, check};
+pub use check::{DescriptorVerdict, Modes, Status, Verdict, check, check_with};
 pub use descriptor::{Descriptor, Entry, LimitOverride};
 pub use key::counter_key;
+pub use metadata::{MetaValue, Metadata, merge_metadata};
 pub use resolve::{AppliedLimit, resolve};
-pub use rules::{DomainSpec, LimitSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath, RuleSpec};
+pub use rules::{
+    DomainSpec, Level, LevelValue, LimitSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath,
+    RuleSpec,
+};
 pub use ruleset::{DomainRules, MAX_BUCKET_STEPS, RuleSet};
 pub use unit::{Unit, UnknownUnit};
+pub use wildcard::Wildcard;

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::metadata::Metadata;
 use crate::decision::FailMode;
 use crate::quota::Quota;
 
@@ -98,14 +99,25 @@ pub struct RuleSpec {
     /// The descriptor entry's key.
     pub key: String,
     /// The entry's value: `None` matches every value (one counter per distinct value); a value
-    /// ending in `*` matches every value starting with what precedes the `*`.
+    /// with `*` is a [`Wildcard`](super::Wildcard): each `*` matches any run of characters.
     pub value: Option<String>,
     /// The limit applied when a request's descriptor ends at this rule.
     pub limit: Option<LimitSpec>,
     /// Count but never deny.
     pub shadow_mode: bool,
+    /// Quota mode: a denial of this rule's limit denies the request only if every quota-mode
+    /// limit of the request denies (see [`check`](super::check)).
+    pub quota_mode: bool,
     /// Report metrics per descriptor value instead of per rule.
     pub detailed_metric: bool,
+    /// Name metrics with the request's value at this level (see [`Rule::metric_name`]).
+    pub value_to_metric: bool,
+    /// Every value matching this rule's wildcard shares one counter (the wildcard's), for the
+    /// limit of this rule and of the rules beneath it. Only for a wildcard value.
+    pub share_threshold: bool,
+    /// Returned in the response's dynamic metadata when a request's descriptor ends at this
+    /// rule and passes.
+    pub metadata: Option<Metadata>,
     /// Rules for the next entry of the descriptor.
     pub descriptors: Vec<RuleSpec>,
 }
@@ -118,12 +130,16 @@ impl RuleSpec {
             value: None,
             limit: None,
             shadow_mode: false,
+            quota_mode: false,
             detailed_metric: false,
+            value_to_metric: false,
+            share_threshold: false,
+            metadata: None,
             descriptors: Vec::new(),
         }
     }
 
-    /// The same rule, matching only `value` (or a prefix pattern ending in `*`).
+    /// The same rule, matching only `value` (or a [`Wildcard`](super::Wildcard) with `*`).
     pub fn with_value(mut self, value: impl Into<String>) -> Self {
         self.value = Some(value.into());
         self
@@ -144,6 +160,36 @@ impl RuleSpec {
     /// The same rule in shadow mode.
     pub fn shadow(mut self) -> Self {
         self.shadow_mode = true;
+        self
+    }
+
+    /// The same rule with `detailed_metric`.
+    pub fn detailed(mut self) -> Self {
+        self.detailed_metric = true;
+        self
+    }
+
+    /// The same rule in quota mode.
+    pub fn quota(mut self) -> Self {
+        self.quota_mode = true;
+        self
+    }
+
+    /// The same rule, its wildcard's matches sharing one counter.
+    pub fn sharing_threshold(mut self) -> Self {
+        self.share_threshold = true;
+        self
+    }
+
+    /// The same rule, naming metrics with the request's value.
+    pub fn value_to_metric(mut self) -> Self {
+        self.value_to_metric = true;
+        self
+    }
+
+    /// The same rule with metadata.
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = Some(metadata);
         self
     }
 }
@@ -189,11 +235,62 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// Hits above zero are charges ([`LimitSpec::charge`]).
     pub charge: bool,
+    /// Quota mode (see [`RuleSpec::quota_mode`]).
+    pub quota_mode: bool,
     /// Report metrics per descriptor value.
     pub detailed_metric: bool,
+    /// The rule's metadata.
+    pub metadata: Option<Metadata>,
+    /// How the rule and each of its ancestors was matched, outermost first: one per entry of
+    /// the descriptors it applies to.
+    pub levels: Vec<Level>,
     /// The end of this rule's counter keys (its quota), built once; see
     /// [`counter_key`](super::counter_key).
     pub(super) counter_suffix: String,
+    /// Whether a level shares its counter (`share_threshold`), computed once.
+    pub(super) shares: bool,
+}
+
+/// How a rule, or one of its ancestors, matches its entry of a descriptor: what counter keys
+/// and metric names make of the entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Level {
+    /// The entry's key.
+    pub key: String,
+    /// How the value is matched.
+    pub value: LevelValue,
+    /// `value_to_metric` at this level.
+    pub value_to_metric: bool,
+}
+
+/// How a [`Level`] matches the entry's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LevelValue {
+    /// Any value (no `value` in the rule).
+    Any,
+    /// Exactly this value.
+    Exact(String),
+    /// A wildcard pattern; `shared`: `share_threshold`, every match counts in one counter.
+    Wildcard {
+        /// The pattern as written.
+        pattern: String,
+        /// `share_threshold`.
+        shared: bool,
+    },
+}
+
+impl Level {
+    /// The pattern that stands for the request's value in counter keys, if this level shares
+    /// one counter among its matches.
+    pub fn shared_pattern(&self) -> Option<&str> {
+        match &self.value {
+            LevelValue::Wildcard {
+                pattern,
+                shared: true,
+            } => Some(pattern),
+            _ => None,
+        }
+    }
 }
 
 /// The end of a counter key (after its `#`): the quota's algorithm, limit, period and burst,
@@ -221,6 +318,64 @@ impl Rule {
     /// The name to show clients: the limit's `name`, else its path.
     pub fn display_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.path)
+    }
+
+    /// Whether some level shares its counter among its wildcard's matches (`share_threshold`).
+    pub fn shares_counter(&self) -> bool {
+        self.shares
+    }
+
+    /// Whether the metric name depends on the request: `detailed_metric`, or `value_to_metric`
+    /// at a level whose value is not fixed by the rule (no value, or an unshared wildcard).
+    pub fn metric_per_value(&self) -> bool {
+        self.detailed_metric
+            || self.levels.iter().any(|l| {
+                l.value_to_metric
+                    && matches!(
+                        l.value,
+                        LevelValue::Any | LevelValue::Wildcard { shared: false, .. }
+                    )
+            })
+    }
+
+    /// The name of the metric series a request descriptor (`entries`, which this rule matched)
+    /// is counted under, as envoyproxy/ratelimit names its stats (without the domain):
+    ///
+    /// * `detailed_metric`: every entry as `key_value`, but a `share_threshold` level as
+    ///   `key_pattern`;
+    /// * otherwise, per level: an exact rule value as `key_value`; a wildcard as `key_pattern`,
+    ///   or `key_value` with `value_to_metric` (unless `share_threshold`); a rule without value
+    ///   as `key`, or `key_value` with `value_to_metric`.
+    ///
+    /// Without either flag this is [`path`](Rule::path).
+    pub fn metric_name(&self, entries: &[crate::envoy::Entry]) -> String {
+        let mut name = String::new();
+        for (i, (level, entry)) in self.levels.iter().zip(entries).enumerate() {
+            if i > 0 {
+                name.push('.');
+            }
+            name.push_str(&entry.key);
+            let value: &str = match (&level.value, self.detailed_metric) {
+                (
+                    LevelValue::Wildcard {
+                        pattern,
+                        shared: true,
+                    },
+                    _,
+                ) => pattern,
+                (_, true) => &entry.value,
+                (LevelValue::Exact(v), false) => v,
+                (LevelValue::Wildcard { .. }, false) if level.value_to_metric => &entry.value,
+                (LevelValue::Wildcard { pattern, .. }, false) => pattern,
+                (LevelValue::Any, false) if level.value_to_metric => &entry.value,
+                (LevelValue::Any, false) => "",
+            };
+            if !value.is_empty() {
+                name.push('_');
+                name.push_str(value);
+            }
+        }
+        name
     }
 }
 
@@ -271,4 +426,7 @@ pub enum RuleErrorKind {
     /// A limit that replaces itself.
     #[error("limit `{0}` must not replace itself")]
     ReplacesItself(String),
+    /// `share_threshold` on a rule whose value has no `*`.
+    #[error("`share_threshold` needs a wildcard value (with `*`)")]
+    ShareWithoutWildcard,
 }

@@ -5,8 +5,10 @@ use std::collections::HashMap;
 
 use super::descriptor::Entry;
 use super::rules::{
-    DomainSpec, Rate, Rule, RuleError, RuleErrorKind, RulePath, RuleSpec, quota_suffix,
+    DomainSpec, Level as RuleLevel, LevelValue, Rate, Rule, RuleError, RuleErrorKind, RulePath,
+    RuleSpec, quota_suffix,
 };
+use super::wildcard::Wildcard;
 
 /// Hash maps of the rule tree: foldhash, fast on short strings (matching is on the hot path;
 /// keys come from configuration, so flooding is not a concern).
@@ -24,8 +26,9 @@ struct Level {
 struct KeyRules {
     /// Rules with an exact value.
     exact: Map<Node>,
-    /// Rules whose value ends in `*`, by prefix, longest prefix first.
-    prefixes: Vec<(String, Node)>,
+    /// Rules whose value holds a `*`, most literal characters first (for trailing `*`: the
+    /// longest prefix), then in definition order.
+    wildcards: Vec<(Wildcard, Node)>,
     /// The rule without a value.
     any: Option<Node>,
 }
@@ -47,9 +50,9 @@ impl Level {
             .get(entry.value.as_str())
             .or_else(|| {
                 rules
-                    .prefixes
+                    .wildcards
                     .iter()
-                    .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                    .find(|(wildcard, _)| wildcard.matches(&entry.value))
                     .map(|(_, node)| node)
             })
             .or(rules.any.as_ref())
@@ -92,7 +95,14 @@ impl RuleSet {
                 domain: index,
                 rules: Vec::new(),
             };
-            set.load_level(&spec.domain, "", &mut root, spec.descriptors, &mut path)?;
+            set.load_level(
+                &spec.domain,
+                "",
+                &mut root,
+                spec.descriptors,
+                &mut path,
+                &mut Vec::new(),
+            )?;
             set.domains.insert(spec.domain, root);
         }
         Ok(set)
@@ -105,6 +115,7 @@ impl RuleSet {
         level: &mut Level,
         specs: Vec<RuleSpec>,
         path: &mut RulePath,
+        levels: &mut Vec<RuleLevel>,
     ) -> Result<(), RuleError> {
         for (index, spec) in specs.into_iter().enumerate() {
             path.rules.push(index);
@@ -124,13 +135,15 @@ impl RuleSet {
             } else {
                 format!("{parent}.{segment}")
             };
+            let wildcard = spec.value.as_deref().and_then(Wildcard::new);
+            if spec.share_threshold && wildcard.is_none() {
+                return Err(fail(RuleErrorKind::ShareWithoutWildcard));
+            }
             let key_rules = level.keys.entry(spec.key.clone()).or_default();
-            let duplicate = match &spec.value {
-                None => key_rules.any.is_some(),
-                Some(value) => match value.strip_suffix('*') {
-                    Some(prefix) => key_rules.prefixes.iter().any(|(p, _)| p == prefix),
-                    None => key_rules.exact.contains_key(value),
-                },
+            let duplicate = match (&spec.value, &wildcard) {
+                (None, _) => key_rules.any.is_some(),
+                (Some(_), Some(w)) => key_rules.wildcards.iter().any(|(p, _)| p == w),
+                (Some(value), None) => key_rules.exact.contains_key(value),
             };
             if duplicate {
                 return Err(fail(RuleErrorKind::DuplicateRule {
@@ -138,6 +151,18 @@ impl RuleSet {
                     value: spec.value,
                 }));
             }
+            levels.push(RuleLevel {
+                key: spec.key.clone(),
+                value: match (&spec.value, &wildcard) {
+                    (None, _) => LevelValue::Any,
+                    (Some(_), Some(w)) => LevelValue::Wildcard {
+                        pattern: w.pattern().to_owned(),
+                        shared: spec.share_threshold,
+                    },
+                    (Some(value), None) => LevelValue::Exact(value.clone()),
+                },
+                value_to_metric: spec.value_to_metric,
+            });
             let mut node = Node::default();
             if let Some(limit) = spec.limit {
                 if limit.replaces.iter().any(String::is_empty) {
@@ -164,7 +189,11 @@ impl RuleSet {
                     fail: limit.fail,
                     shadow_mode: spec.shadow_mode,
                     charge: limit.charge,
+                    quota_mode: spec.quota_mode,
                     detailed_metric: spec.detailed_metric,
+                    metadata: spec.metadata,
+                    shares: levels.iter().any(|l| l.shared_pattern().is_some()),
+                    levels: levels.clone(),
                 });
             }
             self.load_level(
@@ -173,22 +202,23 @@ impl RuleSet {
                 &mut node.children,
                 spec.descriptors,
                 path,
+                levels,
             )?;
+            levels.pop();
             // Re-borrow: loading children needed `self` mutably.
             let key_rules = level.keys.entry(spec.key).or_default();
-            match spec.value {
-                None => key_rules.any = Some(node),
-                Some(value) => match value.strip_suffix('*') {
-                    Some(prefix) => {
-                        key_rules.prefixes.push((prefix.to_owned(), node));
-                        key_rules
-                            .prefixes
-                            .sort_by_key(|p| std::cmp::Reverse(p.0.len()));
-                    }
-                    None => {
-                        key_rules.exact.insert(value, node);
-                    }
-                },
+            match (spec.value, wildcard) {
+                (None, _) => key_rules.any = Some(node),
+                (Some(_), Some(wildcard)) => {
+                    key_rules.wildcards.push((wildcard, node));
+                    // Stable: equally specific patterns keep their definition order.
+                    key_rules
+                        .wildcards
+                        .sort_by_key(|(w, _)| std::cmp::Reverse(w.literal_len()));
+                }
+                (Some(value), None) => {
+                    key_rules.exact.insert(value, node);
+                }
             }
             path.rules.pop();
         }
@@ -470,6 +500,129 @@ mod tests {
             .map(|k| Entry::new(format!("k{k:02}"), "v"))
             .collect();
         assert_eq!(set.domain("d").unwrap().find_unordered(&many), None);
+    }
+
+    #[test]
+    fn the_most_literal_wildcard_wins_then_definition_order() {
+        let set = RuleSet::build(vec![DomainSpec::new(
+            "w",
+            vec![
+                RuleSpec::new("p").with_value("*x").with_limit(limited(1)),
+                RuleSpec::new("p").with_value("a*").with_limit(limited(2)),
+                RuleSpec::new("p")
+                    .with_value("a*b*c")
+                    .with_limit(limited(3)),
+                RuleSpec::new("p").with_value("abc").with_limit(limited(4)),
+            ],
+        )])
+        .unwrap();
+        assert_eq!(path_of(&set, "w", &[("p", "abc")]).unwrap(), "p_abc");
+        assert_eq!(path_of(&set, "w", &[("p", "a1b2c")]).unwrap(), "p_a*b*c");
+        // `*x` and `a*` are as specific: the first defined wins.
+        assert_eq!(path_of(&set, "w", &[("p", "ax")]).unwrap(), "p_*x");
+        assert_eq!(path_of(&set, "w", &[("p", "a")]).unwrap(), "p_a*");
+        assert_eq!(path_of(&set, "w", &[("p", "b")]), None);
+    }
+
+    #[test]
+    fn metric_names_follow_value_to_metric_share_threshold_and_detailed_metric() {
+        let limit = || limited(60);
+        let set = RuleSet::build(vec![
+            // README example 10.
+            DomainSpec::new(
+                "example10",
+                vec![RuleSpec::new("route").value_to_metric().with_children(vec![
+                    RuleSpec::new("http_method")
+                        .value_to_metric()
+                        .with_children(vec![RuleSpec::new("subject_id").with_limit(limit())]),
+                ])],
+            ),
+            DomainSpec::new(
+                "example10_wildcard",
+                vec![RuleSpec::new("user").value_to_metric().with_children(vec![
+                    RuleSpec::new("action")
+                        .with_value("read*")
+                        .value_to_metric()
+                        .with_children(vec![RuleSpec::new("resource").with_limit(limit())]),
+                ])],
+            ),
+            // README example 11, with the pattern as envoyproxy/ratelimit's code writes it.
+            DomainSpec::new(
+                "example11_metrics",
+                vec![
+                    RuleSpec::new("route")
+                        .with_value("api/*")
+                        .sharing_threshold()
+                        .value_to_metric()
+                        .with_children(vec![RuleSpec::new("method").with_limit(limit())]),
+                ],
+            ),
+            DomainSpec::new(
+                "detailed",
+                vec![
+                    RuleSpec::new("a")
+                        .with_value("x*")
+                        .sharing_threshold()
+                        .with_children(vec![RuleSpec::new("b").with_limit(limit()).detailed()]),
+                    RuleSpec::new("c").with_value("y*").with_limit(limit()),
+                ],
+            ),
+        ])
+        .unwrap();
+        let name = |domain: &str, pairs: &[(&str, &str)]| {
+            let e = entries(pairs);
+            let rule = set.find(domain, &e).unwrap();
+            (rule.metric_per_value(), rule.metric_name(&e))
+        };
+        assert_eq!(
+            name(
+                "example10",
+                &[
+                    ("route", "api"),
+                    ("http_method", "GET"),
+                    ("subject_id", "123")
+                ]
+            ),
+            (true, "route_api.http_method_GET.subject_id".to_owned())
+        );
+        assert_eq!(
+            name(
+                "example10_wildcard",
+                &[
+                    ("user", "alice"),
+                    ("action", "readfile"),
+                    ("resource", "documents")
+                ]
+            ),
+            (true, "user_alice.action_readfile.resource".to_owned())
+        );
+        assert_eq!(
+            name(
+                "example11_metrics",
+                &[("route", "api/v1"), ("method", "GET")]
+            ),
+            (false, "route_api/*.method".to_owned())
+        );
+        assert_eq!(
+            name("detailed", &[("a", "x1"), ("b", "v")]),
+            (true, "a_x*.b_v".to_owned())
+        );
+        let e = entries(&[("c", "y2")]);
+        let plain = set.find("detailed", &e).unwrap();
+        assert_eq!(
+            (plain.metric_per_value(), plain.metric_name(&e)),
+            (false, plain.path.clone())
+        );
+    }
+
+    #[test]
+    fn share_threshold_needs_a_wildcard() {
+        let err = RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![RuleSpec::new("a").with_value("x").sharing_threshold()],
+        )])
+        .unwrap_err();
+        assert_eq!(err.kind, RuleErrorKind::ShareWithoutWildcard);
     }
 
     #[test]

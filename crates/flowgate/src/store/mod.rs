@@ -92,6 +92,10 @@ pub struct Ask<'a> {
     /// be), never [`StoreError::Capacity`], never refunded by
     /// [`decide`](crate::pipeline::decide).
     pub charge: bool,
+    /// One of the request's quota-mode limits: [`decide`](crate::pipeline::decide) denies the
+    /// request for them only when every quota-mode ask is denied (a shadow one never is).
+    /// Stores ignore it.
+    pub quota_mode: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -105,6 +109,7 @@ impl<'a> Ask<'a> {
             fail: None,
             shadow: false,
             charge: false,
+            quota_mode: false,
         }
     }
 
@@ -172,6 +177,13 @@ impl<'a> Ask<'a> {
         } else {
             state.check(self.quota, self.cost, now)
         }
+    }
+
+    /// The same, in quota mode (`true`: denies only with every other quota-mode ask).
+    #[inline]
+    pub fn quota_mode(mut self, quota_mode: bool) -> Self {
+        self.quota_mode = quota_mode;
+        self
     }
 }
 

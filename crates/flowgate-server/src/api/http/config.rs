@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use flowgate::FailMode;
-use flowgate::envoy::{Rate, Unit};
+use flowgate::envoy::{MetaValue, Rate, Unit};
 use serde::Serialize;
 
 use super::super::Service;
@@ -33,6 +33,15 @@ struct RuleView<'a> {
     burst: Option<u64>,
     shadow_mode: bool,
     detailed_metric: bool,
+    quota_mode: bool,
+    /// `value_to_metric` on the rule or one of its ancestors.
+    value_to_metric: bool,
+    /// `share_threshold` on the rule or one of its ancestors.
+    share_threshold: bool,
+    /// The rule's `metadata`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     replaces: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -89,6 +98,13 @@ pub(crate) async fn config(State(service): State<Arc<Service>>) -> Response {
                 burst,
                 shadow_mode: rule.shadow_mode,
                 detailed_metric: rule.detailed_metric,
+                quota_mode: rule.quota_mode,
+                value_to_metric: rule.levels.iter().any(|l| l.value_to_metric),
+                share_threshold: rule.shares_counter(),
+                metadata: rule
+                    .metadata
+                    .as_ref()
+                    .map(|m| meta_json(&MetaValue::Struct(m.clone()))),
                 replaces: &rule.replaces,
                 fail: rule.fail.map(FailMode::name),
             }
@@ -114,4 +130,24 @@ pub(crate) async fn config(State(service): State<Arc<Service>>) -> Response {
         rules,
     };
     json_response(StatusCode::OK, &body)
+}
+
+/// A rule's metadata value as JSON.
+fn meta_json(v: &MetaValue) -> serde_json::Value {
+    match v {
+        MetaValue::Null => serde_json::Value::Null,
+        MetaValue::Bool(b) => serde_json::Value::Bool(*b),
+        // Whole numbers as integers (`2`, not `2.0`), as in `dynamicMetadata`.
+        #[allow(clippy::cast_possible_truncation, clippy::float_cmp)]
+        MetaValue::Number(n) if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 => {
+            serde_json::Value::from(*n as i64)
+        }
+        MetaValue::Number(n) => serde_json::Number::from_f64(*n)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number),
+        MetaValue::String(s) => serde_json::Value::String(s.clone()),
+        MetaValue::List(l) => serde_json::Value::Array(l.iter().map(meta_json).collect()),
+        MetaValue::Struct(m) => {
+            serde_json::Value::Object(m.iter().map(|(k, v)| (k.clone(), meta_json(v))).collect())
+        }
+    }
 }

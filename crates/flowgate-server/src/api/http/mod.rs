@@ -204,7 +204,10 @@ pub(crate) async fn json(
     // The answer's fields go in the body (`responseHeadersToAdd`, as envoyproxy/ratelimit
     // sends them) and on the response itself, as on `/v1/check`.
     let fields = answer.clone();
-    let response = rls::response(&verdict, answer);
+    let mut response = rls::response(&verdict, answer);
+    if service.rls_settings().dynamic_metadata {
+        response.dynamic_metadata = Some(rls::dynamic_metadata(&request, &verdict));
+    }
     let mut response = json_response(status, &JsonResponse::from(&response));
     fields.apply(response.headers_mut());
     response

@@ -163,6 +163,42 @@ pub struct JsonResponse {
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    /// `dynamic_metadata` (a `google.protobuf.Struct`, as a JSON object), with
+    /// `--response-dynamic-metadata`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    dynamic_metadata: Option<serde_json::Value>,
+}
+
+/// A `google.protobuf.Struct` in proto-JSON: a JSON object.
+fn struct_json(s: &envoy_types::pb::google::protobuf::Struct) -> serde_json::Value {
+    serde_json::Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+/// A `google.protobuf.Value` in proto-JSON.
+fn value_json(v: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+        Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
+        // Whole numbers as integers (`2`, not `2.0`), as protojson writes them.
+        #[allow(clippy::cast_possible_truncation, clippy::float_cmp)]
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 => {
+            serde_json::Value::from(*n as i64)
+        }
+        Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(*n)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number),
+        Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
+        Some(Kind::ListValue(l)) => {
+            serde_json::Value::Array(l.values.iter().map(value_json).collect())
+        }
+        Some(Kind::StructValue(s)) => struct_json(s),
+    }
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -241,6 +277,7 @@ impl From<&RateLimitResponse> for JsonResponse {
                     value: h.value.clone(),
                 })
                 .collect(),
+            dynamic_metadata: r.dynamic_metadata.as_ref().map(struct_json),
         }
     }
 }

@@ -3,9 +3,12 @@
 //! proto-JSON mapping of both.
 //!
 //! Response semantics follow envoyproxy/ratelimit: one status per request descriptor, in
-//! order; `OVER_LIMIT` for a descriptor over its limit (`OK` in shadow mode); `OK` with no
-//! `current_limit` when no rule applies; `OK` with `limit_remaining = u32::MAX` for unlimited
-//! rules; `overall_code` `OVER_LIMIT` when any descriptor is.
+//! order; `OVER_LIMIT` for a descriptor over its limit (`OK` when its rule is in shadow mode);
+//! `OK` with no `current_limit` when no rule applies; `OK` with `limit_remaining = u32::MAX`
+//! for unlimited rules; `overall_code` `OVER_LIMIT` when an enforced descriptor is — not for
+//! a quota-mode descriptor while another quota-mode descriptor passes, and never under the
+//! global shadow mode. With `--response-dynamic-metadata`, [`dynamic_metadata`] fills the
+//! response's `dynamic_metadata`.
 
 use std::time::Duration;
 
@@ -16,10 +19,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{
+    Duration as ProtoDuration, ListValue, Struct, Value as ProtoValue,
+};
 use flowgate::answer::Answer;
 use flowgate::envoy::{
-    AppliedLimit, Descriptor, DescriptorVerdict, Entry, LimitOverride, Status, Unit, Verdict,
+    AppliedLimit, Descriptor, DescriptorVerdict, Entry, LimitOverride, MetaValue, Metadata, Status,
+    Unit, Verdict, merge_metadata,
 };
 
 pub mod json;
@@ -147,10 +154,10 @@ fn status_of(d: &DescriptorVerdict<'_>) -> DescriptorStatus {
         requests_per_unit: saturate(limit),
         unit: proto_unit(applied.rate().period()),
     };
-    let code = if d.allows() {
-        Code::Ok
-    } else {
+    let code = if d.denies() {
         Code::OverLimit
+    } else {
+        Code::Ok
     } as i32;
     match (&d.status, &d.applied) {
         (Status::Counted(Ok(decision)), Some(applied)) => DescriptorStatus {
@@ -211,5 +218,100 @@ pub fn response(verdict: &Verdict<'_>, answer: Answer) -> RateLimitResponse {
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+/// The response's `dynamic_metadata`, as envoyproxy/ratelimit builds it (with its
+/// `RESPONSE_DYNAMIC_METADATA`): `domain`; `descriptors`, one per request descriptor, each
+/// with its `entries` as `"key=value"` strings, its `limit` override (as
+/// `"requests_per_unit:N unit:UNIT"`) and its `hitsAddend` when set; the request's `hitsAddend`
+/// when not 0; and `metadata`: the `metadata` of the rules matched by the descriptors that
+/// passed (not over their limit; not unlimited or replaced), merged in request order — a
+/// structure present in several is merged recursively, otherwise the first value wins. No
+/// `metadata` field when there is none.
+pub fn dynamic_metadata(request: &RlsRequest, verdict: &Verdict<'_>) -> Struct {
+    let mut fields = std::collections::BTreeMap::new();
+    fields.insert("domain".to_owned(), string(&request.domain));
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut f = std::collections::BTreeMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(&format!("{}={}", e.key, e.value)))
+                .collect();
+            f.insert("entries".to_owned(), list(entries));
+            if let Some(limit) = d.limit {
+                let unit = ProtoUnit::try_from(limit.unit.proto_number())
+                    .map_or("UNKNOWN", |u| u.as_str_name());
+                f.insert(
+                    "limit".to_owned(),
+                    string(&format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        limit.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(hits) = d.hits_addend {
+                f.insert("hitsAddend".to_owned(), number(hits as f64));
+            }
+            value(Kind::StructValue(Struct {
+                fields: f.into_iter().collect(),
+            }))
+        })
+        .collect();
+    fields.insert("descriptors".to_owned(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert("hitsAddend".to_owned(), number(request.hits_addend as f64));
+    }
+    let mut merged = Metadata::new();
+    for d in &verdict.descriptors {
+        let passed = matches!(d.status, Status::Counted(_) | Status::Blocked { .. }) && !d.denies();
+        if let (true, Some(AppliedLimit::Rule(rule))) = (passed, d.applied)
+            && let Some(metadata) = &rule.metadata
+        {
+            merge_metadata(&mut merged, metadata);
+        }
+    }
+    if !merged.is_empty() {
+        fields.insert(
+            "metadata".to_owned(),
+            meta_value(&MetaValue::Struct(merged)),
+        );
+    }
+    Struct {
+        fields: fields.into_iter().collect(),
+    }
+}
+
+fn value(kind: Kind) -> ProtoValue {
+    ProtoValue { kind: Some(kind) }
+}
+
+fn string(s: &str) -> ProtoValue {
+    value(Kind::StringValue(s.to_owned()))
+}
+
+fn number(n: f64) -> ProtoValue {
+    value(Kind::NumberValue(n))
+}
+
+fn list(values: Vec<ProtoValue>) -> ProtoValue {
+    value(Kind::ListValue(ListValue { values }))
+}
+
+/// A rule's metadata value as a `google.protobuf.Value`.
+fn meta_value(v: &MetaValue) -> ProtoValue {
+    match v {
+        MetaValue::Null => value(Kind::NullValue(0)),
+        MetaValue::Bool(b) => value(Kind::BoolValue(*b)),
+        MetaValue::Number(n) => number(*n),
+        MetaValue::String(s) => string(s),
+        MetaValue::List(l) => list(l.iter().map(meta_value).collect()),
+        MetaValue::Struct(m) => value(Kind::StructValue(Struct {
+            fields: m.iter().map(|(k, v)| (k.clone(), meta_value(v))).collect(),
+        })),
     }
 }

@@ -251,6 +251,70 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_fields_envoyproxy_ratelimit_added() {
+        let text = "domain: d
+descriptors:
+  - key: route
+    value: 'api/*/v*'
+    share_threshold: true
+    value_to_metric: true
+    quota_mode: true
+    metadata:
+      owner: {team: edge, on_call: [ann, 7]}
+      weight: 1.5
+      1: one
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: plain
+    metadata:
+";
+        let domain = parse(Path::new("f.yaml"), text, &mut Vec::new())
+            .unwrap()
+            .domain;
+        let route = &domain.descriptors[0];
+        assert!(route.share_threshold && route.value_to_metric && route.quota_mode);
+        let meta = route.metadata.as_ref().unwrap();
+        use flowgate::envoy::MetaValue;
+        assert_eq!(meta["weight"], MetaValue::Number(1.5));
+        assert_eq!(meta["1"], MetaValue::String("one".into()));
+        let MetaValue::Struct(owner) = &meta["owner"] else {
+            panic!("{meta:?}")
+        };
+        assert_eq!(
+            owner["on_call"],
+            MetaValue::List(vec![
+                MetaValue::String("ann".into()),
+                MetaValue::Number(7.0)
+            ])
+        );
+        // An empty `metadata:` is no metadata.
+        assert_eq!(domain.descriptors[1].metadata, None);
+    }
+
+    #[test]
+    fn share_threshold_without_a_wildcard_and_bad_metadata_are_placed() {
+        let text = "domain: d
+descriptors:
+  - key: a
+    value: exact
+    share_threshold: true
+  - key: b
+    share_threshold: true
+    metadata: [not, a, mapping]
+  - key: c
+    value: 'x*'
+    share_threshold: true
+";
+        assert_eq!(
+            errors(text),
+            [
+                "f.yaml:5:22: `share_threshold`: only for a wildcard value (one with `*`)",
+                "f.yaml:7:22: `share_threshold`: only for a wildcard value (one with `*`)",
+                "f.yaml:8:15: `metadata`: expected a mapping",
+            ]
+        );
+    }
+
+    #[test]
     fn parses_the_envoy_format_and_the_extensions() {
         let domain = parse(
             Path::new("f.yaml"),
@@ -312,7 +376,7 @@ websocket:
 ";
         let found = errors(text);
         let expected = [
-            "f.yaml:4:5: unknown field `valeu`; expected one of `key`, `value`, `rate_limit`, `descriptors`, `shadow_mode`, `detailed_metric`",
+            "f.yaml:4:5: unknown field `valeu`; expected one of `key`, `value`, `rate_limit`, `descriptors`, `shadow_mode`, `detailed_metric`, `quota_mode`, `value_to_metric`, `share_threshold`, `metadata`",
             "f.yaml:5:51: `rate_limit.requests_per_unit`: invalid value: integer `-5`, expected u64",
             "f.yaml:7:24: `rate_limit.unit`: unknown unit `fortnight`; expected one of second, minute, hour, day, week, month, year",
             "f.yaml:9:11: `gateway.listen`: `127.0.0.1` is not an address; write HOST:PORT, e.g. `127.0.0.1:8080` or `localhost:8080`",

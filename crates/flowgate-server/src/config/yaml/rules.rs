@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use flowgate::envoy::{LimitSpec, Rate, RuleSpec, Unit};
+use flowgate::envoy::{LimitSpec, MetaValue, Metadata, Rate, RuleSpec, Unit};
 use flowgate::settings::parse_duration;
 use flowgate::{Algorithm, FailMode, Quota, QuotaError};
 use serde::Deserialize;
@@ -32,6 +32,103 @@ pub(super) struct DescriptorYaml {
     /// Metrics per descriptor value.
     #[serde(default)]
     detailed_metric: bool,
+    /// A denial denies only when every quota-mode limit of the request denies.
+    #[serde(default)]
+    quota_mode: bool,
+    /// Metric names with the request's value at this level.
+    #[serde(default)]
+    value_to_metric: bool,
+    /// Every value matching this rule's wildcard shares one counter.
+    #[serde(default)]
+    share_threshold: Option<Spanned<bool>>,
+    /// Returned in the response's dynamic metadata for passing descriptors ending here.
+    #[serde(default)]
+    metadata: Option<MetadataYaml>,
+}
+
+/// A rule's `metadata`: any YAML mapping, as a protobuf `Struct` holds it (numbers as
+/// doubles, keys as text).
+#[derive(Debug)]
+pub(super) struct MetadataYaml(Metadata);
+
+impl<'de> Deserialize<'de> for MetadataYaml {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match MetaYaml::deserialize(deserializer)?.0 {
+            MetaValue::Struct(map) => Ok(MetadataYaml(map)),
+            MetaValue::Null => Ok(MetadataYaml(Metadata::new())),
+            _ => Err(serde::de::Error::custom("expected a mapping")),
+        }
+    }
+}
+
+/// Any YAML value as a [`MetaValue`].
+struct MetaYaml(MetaValue);
+
+impl<'de> Deserialize<'de> for MetaYaml {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = MetaYaml;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any YAML value")
+            }
+            fn visit_unit<E>(self) -> Result<MetaYaml, E> {
+                Ok(MetaYaml(MetaValue::Null))
+            }
+            fn visit_none<E>(self) -> Result<MetaYaml, E> {
+                Ok(MetaYaml(MetaValue::Null))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<MetaYaml, E> {
+                Ok(MetaYaml(MetaValue::Bool(v)))
+            }
+            #[allow(clippy::cast_precision_loss)]
+            fn visit_u64<E>(self, v: u64) -> Result<MetaYaml, E> {
+                Ok(MetaYaml(MetaValue::Number(v as f64)))
+            }
+            #[allow(clippy::cast_precision_loss)]
+            fn visit_i64<E>(self, v: i64) -> Result<MetaYaml, E> {
+                Ok(MetaYaml(MetaValue::Number(v as f64)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<MetaYaml, E> {
+                Ok(MetaYaml(MetaValue::Number(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<MetaYaml, E> {
+                Ok(MetaYaml(MetaValue::String(v.to_owned())))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<MetaYaml, A::Error> {
+                let mut list = Vec::new();
+                while let Some(MetaYaml(v)) = seq.next_element()? {
+                    list.push(v);
+                }
+                Ok(MetaYaml(MetaValue::List(list)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MetaYaml, A::Error> {
+                let mut out = Metadata::new();
+                while let Some((MetaYaml(k), MetaYaml(v))) = map.next_entry()? {
+                    out.insert(key_text(k), v);
+                }
+                Ok(MetaYaml(MetaValue::Struct(out)))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A mapping key as text, as envoyproxy/ratelimit formats non-text keys (`%v`).
+fn key_text(key: MetaValue) -> String {
+    match key {
+        MetaValue::String(s) => s,
+        MetaValue::Null => "<nil>".to_owned(),
+        MetaValue::Bool(b) => b.to_string(),
+        MetaValue::Number(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
 }
 
 /// The `rate_limit` block.
@@ -108,14 +205,35 @@ pub(super) fn convert_all(
             positions,
             errors,
         );
-        rules.push(RuleSpec {
-            key: descriptor.key.value,
-            value: descriptor.value.map(|v| v.value),
-            limit,
-            shadow_mode: descriptor.shadow_mode,
-            detailed_metric: descriptor.detailed_metric,
-            descriptors: children,
-        });
+        let share_threshold = match descriptor.share_threshold {
+            Some(share) if share.value => {
+                if descriptor
+                    .value
+                    .as_ref()
+                    .is_none_or(|v| !v.value.contains('*'))
+                {
+                    errors.push(ConfigError::at(
+                        file,
+                        share.at,
+                        Some("share_threshold"),
+                        "only for a wildcard value (one with `*`)",
+                    ));
+                }
+                true
+            }
+            _ => false,
+        };
+        let mut rule = RuleSpec::new(descriptor.key.value);
+        rule.value = descriptor.value.map(|v| v.value);
+        rule.limit = limit;
+        rule.shadow_mode = descriptor.shadow_mode;
+        rule.quota_mode = descriptor.quota_mode;
+        rule.detailed_metric = descriptor.detailed_metric;
+        rule.value_to_metric = descriptor.value_to_metric;
+        rule.share_threshold = share_threshold;
+        rule.metadata = descriptor.metadata.map(|m| m.0).filter(|m| !m.is_empty());
+        rule.descriptors = children;
+        rules.push(rule);
         path.pop();
     }
     rules
