@@ -217,8 +217,9 @@ struct Counted {
 /// A resolved request, before the store's answers are in.
 struct Plan<'r> {
     resolved: Vec<Resolved<'r>>,
-    /// The descriptors asked of the store, in request order.
-    counted: Vec<Counted>,
+    /// The descriptors asked of the store, in request order (inline: no allocation for up to
+    /// two).
+    counted: smallvec::SmallVec<[Counted; 2]>,
     /// A blocked, enforced limit denies the request whatever the others say (outside quota
     /// mode, or every quota-mode limit blocked): the others are then only peeked, so nothing
     /// is consumed.
@@ -231,7 +232,7 @@ struct Plan<'r> {
 
 impl<'r> Plan<'r> {
     fn new(resolved: Vec<Resolved<'r>>, modes: Modes) -> Self {
-        let mut counted = Vec::with_capacity(resolved.len());
+        let mut counted = smallvec::SmallVec::with_capacity(resolved.len());
         // One pass: what is counted, whether a blocked limit outside quota mode is enforced,
         // and whether every quota-mode limit is blocked and enforced (a shadow quota-mode
         // limit never denies, so its group never denies either).
