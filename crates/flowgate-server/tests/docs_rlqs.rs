@@ -52,11 +52,11 @@ fn bucket_id(builder: &Value, headers: &[(&str, &str)]) -> Option<BTreeMap<Strin
             );
             let header = typed["header_name"].as_str().unwrap();
             // Envoy cannot build the id without the header: the request is allowed, unreported.
-            (*headers
+            headers
                 .iter()
-                .find(|(h, _)| h.eq_ignore_ascii_case(header))?)
-            .1
-            .to_owned()
+                .find(|(h, _)| h.eq_ignore_ascii_case(header))?
+                .1
+                .to_owned()
         } else {
             panic!("docs/rlqs.md uses a value builder this test does not model: {value}");
         };

@@ -183,12 +183,13 @@ pub fn abandon(id: &BucketId) -> BucketAction {
     }
 }
 
+/// An assignment as a client reads it: the strategy and its time to live.
+pub type Assigned = (Strategy, Option<Duration>);
+
 /// What an action tells a client: an assignment (strategy, time to live), an abandonment,
 /// or nothing it understands (`None`). The inverse of [`assignment`] and [`abandon`], for
 /// clients.
-pub fn read_action(
-    action: &BucketAction,
-) -> Option<(Option<(Strategy, Option<Duration>)>, BucketKey)> {
+pub fn read_action(action: &BucketAction) -> Option<(Option<Assigned>, BucketKey)> {
     let key = normalize(action.bucket_id.as_ref()).ok()?;
     match action.bucket_action.as_ref()? {
         ActionPb::AbandonAction(_) => Some((None, key)),

@@ -556,6 +556,8 @@ impl Engine {
         let active = self.service.active();
         self.reresolve(&active).await;
         let now_ledger = self.ledger_now();
+        // Per rule due: its key, its division, its members with their demand.
+        #[allow(clippy::type_complexity)]
         let due: Vec<(String, Divided, Vec<(String, Option<u64>)>)> = {
             let state = self.state.lock();
             state

@@ -13,7 +13,7 @@
 //!
 //! * [`engine`]: the streams, their buckets, reports, ticks, drain;
 //! * [`bucket`]: bucket ids, targets, assignments in protobuf form;
-//! * [`metrics`]: `flowgate_rlqs_*`;
+//! * `crate::metrics::RlqsMetrics`: `flowgate_rlqs_*`;
 //! * [`client`]: an RLQS client that behaves as Envoy's filter (tests, `loadgen --rlqs`);
 //! * [`GrpcRoutes`]: the gRPC listener's two services on one connection.
 

@@ -61,6 +61,9 @@ struct FairnessYaml {
     join_budget: Option<Spanned<f64>>,
 }
 
+/// A `fairness` field and where its value goes.
+type FairnessField<'a> = (&'a Option<Spanned<f64>>, fn(&mut Fairness) -> &mut f64);
+
 /// Collects errors under `rlqs.`.
 struct Errors<'a> {
     file: &'a Path,
@@ -185,13 +188,12 @@ pub(super) fn convert_rlqs(
             format!("unknown value `{other}`; expected allow, deny or divide"),
         ),
     }
-    if let (Some(l), false) = (
-        &r.unmatched_limit,
-        matches!(config.unmatched, Unmatched::Divide(_)),
-    ) && !r
-        .unmatched
-        .as_ref()
-        .is_some_and(|u| u.value.trim() == "divide")
+    let divides = matches!(config.unmatched, Unmatched::Divide(_))
+        || r.unmatched
+            .as_ref()
+            .is_some_and(|u| u.value.trim() == "divide");
+    if let Some(l) = &r.unmatched_limit
+        && !divides
     {
         e.push(
             l.at,
@@ -200,7 +202,7 @@ pub(super) fn convert_rlqs(
         );
     }
     if let Some(f) = &r.fairness {
-        let fields: [(&Option<Spanned<f64>>, fn(&mut Fairness) -> &mut f64); 5] = [
+        let fields: [FairnessField<'_>; 5] = [
             (&f.floor, |x| &mut x.floor),
             (&f.headroom, |x| &mut x.headroom),
             (&f.burst, |x| &mut x.burst),
