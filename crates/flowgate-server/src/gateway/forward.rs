@@ -17,7 +17,7 @@ use http::{StatusCode, Version};
 
 /// Turns an allowed request's head into the one sent upstream: the target in origin form
 /// (`/path?query`: the upstream is a server, not a proxy), HTTP/1.1, the hop-by-hop fields
-/// removed, this hop recorded for `client` (see [`add_forwarding`]; `keep_earlier` keeps the
+/// removed, this hop recorded for `client` (see `add_forwarding`; `keep_earlier` keeps the
 /// hops the client sent, for trusted peers or `forwarded: append`), no extensions.
 pub fn rewrite_request(parts: &mut Parts, client: IpAddr, keep_earlier: bool) {
     parts.uri = match parts.uri.path_and_query() {

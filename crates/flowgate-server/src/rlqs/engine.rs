@@ -162,7 +162,12 @@ impl Engine {
             ledger,
             clock,
             options,
-            instance: format!("{:08x}", rand::random::<u32>()),
+            // Random per process (std's randomly keyed hasher): no `rand` in the slim build.
+            instance: format!(
+                "{:08x}",
+                std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
+                    as u32
+            ),
             metrics,
             service,
             state: Mutex::default(),

@@ -11,7 +11,7 @@
 //! every report interval, abandoned once idle. Rules without a limit, blocked rules and
 //! unmatched buckets get blanket assignments.
 //!
-//! * [`engine`]: the streams, their buckets, reports, ticks, drain;
+//! * `engine`: the streams, their buckets, reports, ticks, drain;
 //! * [`bucket`]: bucket ids, targets, assignments in protobuf form;
 //! * `crate::metrics::RlqsMetrics`: `flowgate_rlqs_*`;
 //! * [`client`]: an RLQS client that behaves as Envoy's filter (tests, `loadgen --rlqs`);
