@@ -60,6 +60,44 @@ struct FileYaml {
     rlqs: Option<Spanned<RlqsYaml>>,
 }
 
+/// Collects the errors of one section (`websocket`, `rlqs`), each named `section.field`.
+struct SectionErrors<'a> {
+    file: &'a Path,
+    section: &'static str,
+    errors: &'a mut Vec<ConfigError>,
+}
+
+impl<'a> SectionErrors<'a> {
+    fn new(file: &'a Path, section: &'static str, errors: &'a mut Vec<ConfigError>) -> Self {
+        SectionErrors {
+            file,
+            section,
+            errors,
+        }
+    }
+
+    /// Adds `message` about `field` (relative to the section) at `at`.
+    fn push(&mut self, at: (u64, u64), field: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError::at(
+            self.file,
+            at,
+            Some(&format!("{}.{field}", self.section)),
+            message,
+        ));
+    }
+
+    /// The duration `d` (`flowgate::settings`' syntax), or its error pushed under `field`.
+    fn duration(&mut self, d: &Spanned<String>, field: &str) -> Option<std::time::Duration> {
+        match flowgate::settings::parse_duration(&d.value) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.push(d.at, field, e.to_string());
+                None
+            }
+        }
+    }
+}
+
 /// Where each rule of a parsed file is, by index path below the domain, for errors found
 /// after parsing (duplicates).
 #[derive(Debug, Default)]

@@ -7,7 +7,7 @@ use flowgate::Quota;
 use flowgate::rlqs::Fairness;
 use serde::Deserialize;
 
-use super::Spanned;
+use super::{SectionErrors, Spanned};
 use crate::config::error::ConfigError;
 use crate::config::rlqs::{RlqsConfig, Unmatched};
 
@@ -64,33 +64,6 @@ struct FairnessYaml {
 /// A `fairness` field and where its value goes.
 type FairnessField<'a> = (&'a Option<Spanned<f64>>, fn(&mut Fairness) -> &mut f64);
 
-/// Collects errors under `rlqs.`.
-struct Errors<'a> {
-    file: &'a Path,
-    errors: &'a mut Vec<ConfigError>,
-}
-
-impl Errors<'_> {
-    fn push(&mut self, at: (u64, u64), field: &str, message: impl Into<String>) {
-        self.errors.push(ConfigError::at(
-            self.file,
-            at,
-            Some(&format!("rlqs.{field}")),
-            message,
-        ));
-    }
-
-    fn duration(&mut self, d: &Spanned<String>, field: &str) -> Option<Duration> {
-        match flowgate::settings::parse_duration(&d.value) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.push(d.at, field, e.to_string());
-                None
-            }
-        }
-    }
-}
-
 /// Validates the `rlqs` section; pushes its errors and returns `None` when it has any.
 pub(super) fn convert_rlqs(
     file: &Path,
@@ -99,7 +72,7 @@ pub(super) fn convert_rlqs(
     errors: &mut Vec<ConfigError>,
 ) -> Option<RlqsConfig> {
     let before = errors.len();
-    let mut e = Errors { file, errors };
+    let mut e = SectionErrors::new(file, "rlqs", errors);
     let mut config = RlqsConfig::default();
     if let Some(d) = &r.report_interval
         && let Some(v) = e.duration(d, "report_interval")

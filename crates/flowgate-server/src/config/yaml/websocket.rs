@@ -11,9 +11,9 @@ use flowgate::ws::{Classifier, WsPolicy};
 use http::HeaderName;
 use serde::Deserialize;
 
-use super::Spanned;
 use super::gateway::{JwtYaml, convert_jwt};
 use super::node::Node;
+use super::{SectionErrors, Spanned};
 use crate::config::Reference;
 use crate::config::address::{Ipv6Prefix, ListenAddr, TrustedProxy, client_ip};
 use crate::config::error::ConfigError;
@@ -109,23 +109,6 @@ struct BufferYaml {
     bytes: Option<NonZeroUsize>,
 }
 
-/// Collects errors under `websocket.`.
-struct Errors<'a> {
-    file: &'a Path,
-    errors: &'a mut Vec<ConfigError>,
-}
-
-impl Errors<'_> {
-    fn push(&mut self, at: (u64, u64), field: &str, message: impl Into<String>) {
-        self.errors.push(ConfigError::at(
-            self.file,
-            at,
-            Some(&format!("websocket.{field}")),
-            message,
-        ));
-    }
-}
-
 /// Validates the `websocket` section (whose node is `node`); pushes its errors and returns
 /// `None` when it has any.
 pub(super) fn convert_websocket(
@@ -137,7 +120,7 @@ pub(super) fn convert_websocket(
     references: &mut Vec<Reference>,
 ) -> Option<WebSocketConfig> {
     let before = errors.len();
-    let mut e = Errors { file, errors };
+    let mut e = SectionErrors::new(file, "websocket", errors);
 
     let upstream = match &w.upstream {
         None => {
@@ -301,7 +284,7 @@ const UPGRADE_FIELDS: [&str; 5] = [
 /// Reports what the library finds wrong with a `limits` (or `outbound`) policy, each problem
 /// at its field's node, and the upgrade layers an `outbound` policy sets.
 fn check_policy(
-    e: &mut Errors<'_>,
+    e: &mut SectionErrors<'_>,
     policy: Spanned<WsPolicy>,
     section: Option<&Node>,
     block: &str,
