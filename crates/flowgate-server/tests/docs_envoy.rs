@@ -8,27 +8,14 @@ use std::process::Command;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use serde_json::Value;
 
+use flowgate_testing::docs::marked_yaml;
 use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
 use flowgate_testing::server::TestServer;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
-/// The fenced block that follows the HTML comment `<!-- {marker} -->`.
-fn block(doc: &str, marker: &str) -> String {
-    let start = doc
-        .find(&format!("<!-- {marker} -->"))
-        .unwrap_or_else(|| panic!("docs/envoy.md has no `<!-- {marker} -->`"));
-    let rest = &doc[start..];
-    let open = rest
-        .find("```yaml\n")
-        .expect("a yaml block after the marker")
-        + "```yaml\n".len();
-    let len = rest[open..].find("\n```").expect("the block ends");
-    rest[open..open + len + 1].to_owned()
-}
-
 fn doc() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/envoy.md")).unwrap()
+    flowgate_testing::docs::read("docs/envoy.md")
 }
 
 /// A request as Envoy sees it.
@@ -90,7 +77,7 @@ type Route = (String, Vec<Vec<Value>>);
 
 /// The Envoy bootstrap's rate-limit domain and its routes.
 fn envoy() -> (String, Vec<Route>) {
-    let config: Value = serde_saphyr::from_str(&block(&doc(), "envoy: envoy.yaml")).unwrap();
+    let config: Value = serde_saphyr::from_str(&marked_yaml(&doc(), "envoy: envoy.yaml")).unwrap();
     let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     let filters = hcm["http_filters"].as_array().unwrap();
     assert_eq!(
@@ -141,7 +128,7 @@ fn envoy() -> (String, Vec<Route>) {
 fn the_flowgate_file_passes_check_config() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("edge.yaml");
-    std::fs::write(&path, block(&doc(), "flowgate: edge.yaml")).unwrap();
+    std::fs::write(&path, marked_yaml(&doc(), "flowgate: edge.yaml")).unwrap();
     let out = Command::new(FLOWGATE)
         .arg("check-config")
         .arg(&path)
@@ -152,7 +139,7 @@ fn the_flowgate_file_passes_check_config() {
 
 #[tokio::test]
 async fn envoys_descriptors_meet_the_flowgate_rules() {
-    let rules = block(&doc(), "flowgate: edge.yaml");
+    let rules = marked_yaml(&doc(), "flowgate: edge.yaml");
     let (domain, routes) = envoy();
     let file_domain: Value = serde_saphyr::from_str(&rules).unwrap();
     assert_eq!(
@@ -257,7 +244,7 @@ async fn envoys_descriptors_meet_the_flowgate_rules() {
 /// check is refused for about the 240 s the page says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_budget_charges_what_the_stream_done_call_reports() {
-    let rules = block(&doc(), "llm");
+    let rules = marked_yaml(&doc(), "llm");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("llm.yaml");
     std::fs::write(&path, &rules).unwrap();

@@ -15,26 +15,13 @@ use flowgate::rlqs::client::Strategy;
 use flowgate_server::rlqs::bucket::read_action;
 use serde_json::Value;
 
+use flowgate_testing::docs::marked_yaml;
 use flowgate_testing::server::TestServer;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
-/// The fenced block that follows the HTML comment `<!-- {marker} -->`.
-fn block(doc: &str, marker: &str) -> String {
-    let start = doc
-        .find(&format!("<!-- {marker} -->"))
-        .unwrap_or_else(|| panic!("docs/rlqs.md has no `<!-- {marker} -->`"));
-    let rest = &doc[start..];
-    let open = rest
-        .find("```yaml\n")
-        .expect("a yaml block after the marker")
-        + "```yaml\n".len();
-    let len = rest[open..].find("\n```").expect("the block ends");
-    rest[open..open + len + 1].to_owned()
-}
-
 fn doc() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/rlqs.md")).unwrap()
+    flowgate_testing::docs::read("docs/rlqs.md")
 }
 
 /// The bucket id a `bucket_id_builder` makes for a request with `headers` (the value builders
@@ -67,7 +54,7 @@ fn bucket_id(builder: &Value, headers: &[(&str, &str)]) -> Option<BTreeMap<Strin
 
 /// The Envoy filter's domain, its matchers' (header, bucket settings), and the catch-all's.
 fn envoy() -> (String, Vec<(String, Value)>, Value) {
-    let config: Value = serde_saphyr::from_str(&block(&doc(), "envoy: envoy.yaml")).unwrap();
+    let config: Value = serde_saphyr::from_str(&marked_yaml(&doc(), "envoy: envoy.yaml")).unwrap();
     let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     let filters = hcm["http_filters"].as_array().unwrap();
     assert_eq!(filters.last().unwrap()["name"], "envoy.filters.http.router");
@@ -144,7 +131,7 @@ fn envoy() -> (String, Vec<(String, Value)>, Value) {
 fn the_flowgate_file_passes_check_config() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("edge.yaml");
-    std::fs::write(&path, block(&doc(), "flowgate: edge.yaml")).unwrap();
+    std::fs::write(&path, marked_yaml(&doc(), "flowgate: edge.yaml")).unwrap();
     let out = Command::new(FLOWGATE)
         .arg("check-config")
         .arg(&path)
@@ -155,7 +142,7 @@ fn the_flowgate_file_passes_check_config() {
 
 #[tokio::test]
 async fn envoys_buckets_get_shares_of_the_flowgate_rules() {
-    let rules = block(&doc(), "flowgate: edge.yaml");
+    let rules = marked_yaml(&doc(), "flowgate: edge.yaml");
     let file: Value = serde_saphyr::from_str(&rules).unwrap();
     let (domain, matchers, fallback) = envoy();
     assert_eq!(

@@ -29,6 +29,7 @@ pub mod binary;
 #[cfg(feature = "chromium")]
 pub mod chromium;
 pub mod conformance;
+pub mod docs;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 #[cfg(feature = "server")]
