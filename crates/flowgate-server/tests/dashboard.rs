@@ -162,6 +162,14 @@ async fn clients_without_the_token_cannot_take_every_stream_from_operators() {
     server.stop().await;
 }
 
+/// Replaces `path`'s content at once, as a deployment tool does (written elsewhere, renamed into
+/// place): `fs::write` truncates first, and the watcher could read the empty file between.
+fn replace(path: &std::path::Path, text: &str) {
+    let staging = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(staging.path(), text).unwrap();
+    staging.persist(path).unwrap();
+}
+
 /// The dashboard's last reload, polled until `done` says it is what is wanted (10 s at most).
 async fn wait_reload(
     server: &TestServer,
@@ -183,20 +191,20 @@ async fn wait_reload(
 async fn restoring_a_broken_file_clears_the_reload_error_and_breaking_it_again_shows_it_again() {
     let server = TestServer::start(&[("edge.yaml", EDGE)]).await;
     let broken = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5, colour: red}\n";
-    std::fs::write(&server.files[0], broken).unwrap();
+    replace(&server.files[0], broken);
     let rejected = wait_reload(&server, |r| r["ok"] == false).await;
     assert!(
         rejected["errors"].to_string().contains("colour"),
         "{rejected}"
     );
     // Back to what runs: nothing to install, and the error is gone.
-    std::fs::write(&server.files[0], EDGE).unwrap();
+    replace(&server.files[0], EDGE);
     let cleared = wait_reload(&server, |r| r["ok"] == true).await;
     assert_eq!(cleared["version"], 1, "{cleared}");
     assert_eq!(cleared["errors"], serde_json::json!([]), "{cleared}");
     assert_eq!(server.get("/v1/config").await.json()["version"], 1);
     // The same breakage again is news again.
-    std::fs::write(&server.files[0], broken).unwrap();
+    replace(&server.files[0], broken);
     wait_reload(&server, |r| r["ok"] == false).await;
     assert_eq!(
         server
