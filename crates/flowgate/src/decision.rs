@@ -214,6 +214,11 @@ mod tests {
         let d = Decision::deny(&q, 0, 0, 2_000_000_001);
         assert_eq!(d.retry_after_secs(), 3);
         assert_eq!(Decision::allow(&q, 0, 5).retry_after_secs(), 0);
+    }
+
+    #[cfg(feature = "answer")]
+    #[test]
+    fn a_blocklist_leaves_nothing_and_retries_after_its_period() {
         let blocked = Decision::blocked(Duration::from_secs(60));
         assert_eq!((blocked.limit, blocked.retry_after_secs()), (0, 60));
     }

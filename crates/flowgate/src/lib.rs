@@ -71,6 +71,7 @@ pub mod local;
 pub mod pipeline;
 pub mod quota;
 pub mod rlqs;
+#[cfg(any(feature = "answer", feature = "envoy"))]
 mod scratch;
 #[cfg(feature = "serde")]
 pub mod settings;

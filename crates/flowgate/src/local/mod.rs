@@ -20,6 +20,7 @@
 mod cell;
 mod direct;
 mod keyed;
+#[cfg(any(feature = "tokio", feature = "simulate"))]
 pub(crate) mod queue;
 #[cfg(feature = "tokio")]
 mod shaper;

@@ -22,7 +22,6 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 
-use crate::clock::Nanos;
 use crate::decision::{Decision, FailMode};
 use crate::quota::{InsufficientCapacity, Quota};
 
@@ -170,8 +169,13 @@ impl<'a> Ask<'a> {
     }
 
     /// This ask's transition on `state` at `now`: a check or a charge.
+    #[cfg(feature = "redis")]
     #[inline]
-    pub(crate) fn apply<S: crate::algorithm::State>(&self, state: &mut S, now: Nanos) -> Decision {
+    pub(crate) fn apply<S: crate::algorithm::State>(
+        &self,
+        state: &mut S,
+        now: crate::clock::Nanos,
+    ) -> Decision {
         if self.charge {
             state.charge(self.quota, self.cost, now)
         } else {
