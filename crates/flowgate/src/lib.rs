@@ -67,6 +67,7 @@ pub mod decision;
 pub mod envoy;
 #[cfg(feature = "tower")]
 pub mod http;
+pub mod lease;
 pub mod local;
 pub mod pipeline;
 pub mod quota;

@@ -103,23 +103,9 @@ fn int(value: &Value) -> Result<i64, StoreError> {
 }
 
 impl RedisLedger {
-    /// The key of `part` (`m`, `d`, `c`) of `rule`: the rule inside the hash tag, its braces
-    /// escaped so that the tag ends where it should.
+    /// The key of `part` (`m`, `d`, `c`) of `rule`.
     fn key(&self, rule: &str, part: &str) -> String {
-        let mut key = String::with_capacity(self.prefix.len() + rule.len() + 12);
-        key.push_str(&self.prefix);
-        key.push_str("rlqs:{");
-        for c in rule.chars() {
-            match c {
-                '%' => key.push_str("%25"),
-                '{' => key.push_str("%7B"),
-                '}' => key.push_str("%7D"),
-                c => key.push(c),
-            }
-        }
-        key.push_str("}:");
-        key.push_str(part);
-        key
+        super::tagged_key(&self.prefix, "rlqs", rule, Some(part))
     }
 
     /// Now as the scripts take it: the injected clock's, in µs, or '' for the server's TIME.

@@ -46,6 +46,7 @@
 
 mod batch;
 mod conn;
+mod lease;
 mod ledger;
 mod script;
 
@@ -55,6 +56,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+pub use lease::RedisLeases;
 pub use ledger::RedisLedger;
 pub use script::{UnsupportedQuota, check_quota};
 
@@ -65,6 +67,30 @@ use super::{Ask, Store, StoreError};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::quota::Algorithm;
+
+/// The key `{prefix}{kind}:{<name>}` (and `:{part}`), `name` inside a hash tag (one cluster
+/// slot for all of a name's parts), its braces escaped so that the tag ends where it should:
+/// the keys of the RLQS ledger and of leases.
+fn tagged_key(prefix: &str, kind: &str, name: &str, part: Option<&str>) -> String {
+    let mut key = String::with_capacity(prefix.len() + kind.len() + name.len() + 8);
+    key.push_str(prefix);
+    key.push_str(kind);
+    key.push_str(":{");
+    for c in name.chars() {
+        match c {
+            '%' => key.push_str("%25"),
+            '{' => key.push_str("%7B"),
+            '}' => key.push_str("%7D"),
+            c => key.push(c),
+        }
+    }
+    key.push('}');
+    if let Some(part) = part {
+        key.push(':');
+        key.push_str(part);
+    }
+    key
+}
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "flowgate:";
