@@ -19,6 +19,9 @@ pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// One key's leases: each id with its expiry. At most the key's limit long.
 type Held = Vec<(LeaseId, Nanos)>;
 
+/// The keys behind one lock, each with its leases.
+type Shard = Mutex<HashMap<Box<str>, Held>>;
+
 /// Leases in this process's memory: exact under any number of threads (each key's leases
 /// change under one lock), on an injected [`Clock`]. Memory is bounded: at most
 /// [`max_keys`](Self::max_keys) keys hold leases at once (a key whose leases all expired or
@@ -26,7 +29,7 @@ type Held = Vec<(LeaseId, Nanos)>;
 /// with [`StoreError::Unavailable`] until others free up.
 pub struct MemoryLeases<C: Clock = MonotonicClock> {
     clock: C,
-    shards: Box<[Mutex<HashMap<Box<str>, Held>>]>,
+    shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
     max_per_shard: usize,
 }
@@ -71,7 +74,7 @@ impl<C: Clock> MemoryLeases<C> {
         self
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Held>> {
+    fn shard(&self, key: &str) -> &Shard {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
