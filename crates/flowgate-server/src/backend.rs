@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowgate::clock::{Clock, PreciseClock};
+use flowgate::lease::{Leases, MemoryLeases};
 use flowgate::local::TableStats;
 use flowgate::rlqs::Ledger;
 use flowgate::store::{Ask, DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
@@ -29,6 +30,9 @@ pub struct Backend {
     /// Where RLQS divisions are shared with other instances (the shared store's); `None`:
     /// this process only.
     quota_ledger: Option<Arc<dyn Ledger>>,
+    /// Where in-flight leases are held (`/v1/leases`): this process's memory, or the shared
+    /// store's.
+    leases: Arc<dyn Leases>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -50,6 +54,11 @@ impl Default for Backend {
             MemoryStore::builder().clock(PreciseClock::new()).build(),
         ))
     }
+}
+
+/// Leases in this process's memory, on a precise clock.
+fn memory_leases() -> Arc<dyn Leases> {
+    Arc::new(MemoryLeases::with_clock(PreciseClock::new()))
 }
 
 /// How a shared store falls back; see [`Backend::shared`].
@@ -78,6 +87,7 @@ impl Backend {
             shared: None,
             memory: None,
             quota_ledger: None,
+            leases: memory_leases(),
         }
     }
 
@@ -90,6 +100,7 @@ impl Backend {
             shared: None,
             memory: Some(Arc::new(move || stats.stats())),
             quota_ledger: None,
+            leases: memory_leases(),
         }
     }
 
@@ -107,6 +118,7 @@ impl Backend {
             shared: Some(fallback),
             memory: None,
             quota_ledger: None,
+            leases: memory_leases(),
         }
     }
 
@@ -115,6 +127,18 @@ impl Backend {
     pub fn with_quota_ledger(mut self, ledger: Arc<dyn Ledger>) -> Self {
         self.quota_ledger = Some(ledger);
         self
+    }
+
+    /// The same backend, holding in-flight leases in `leases` (the shared store's:
+    /// [`RedisStore::leases`](flowgate::store::RedisStore::leases)).
+    pub fn with_shared_leases(mut self, leases: Arc<dyn Leases>) -> Self {
+        self.leases = leases;
+        self
+    }
+
+    /// Where in-flight leases are held.
+    pub fn leases(&self) -> &dyn Leases {
+        &*self.leases
     }
 
     /// Where RLQS divisions are shared, when they are.

@@ -136,6 +136,10 @@ use utoipa::{Modify, OpenApi};
         super::http::config::config,
         super::http::admin::inspect,
         super::http::admin::reset,
+        super::http::leases::acquire,
+        super::http::leases::held,
+        super::http::leases::renew,
+        super::http::leases::release,
         serve,
         crate::dashboard::page,
         crate::dashboard::script,
@@ -148,6 +152,7 @@ use utoipa::{Modify, OpenApi};
     tags(
         (name = "decisions", description = "Rate-limit decisions"),
         (name = "operations", description = "Health, readiness, metrics, configuration"),
+        (name = "leases", description = "In-flight (concurrency) limits: leases taken, renewed and released"),
         (name = "admin", description = "Counters, behind `Authorization: Bearer <FLOWGATE_ADMIN_TOKEN>`; disabled (404) without the variable"),
         (name = "dashboard", description = "The live dashboard (off with --no-dashboard)"),
     )

@@ -25,6 +25,7 @@
 //! ```
 
 pub mod address;
+pub mod concurrency;
 mod error;
 pub mod gateway;
 pub mod reload;
@@ -39,6 +40,7 @@ use std::time::SystemTime;
 use flowgate::envoy::{RuleErrorKind, RuleSet};
 
 pub use address::ListenAddr;
+pub use concurrency::ConcurrencyLimit;
 pub use error::{ConfigError, ConfigErrors};
 pub use gateway::GatewayConfig;
 pub use rlqs::RlqsConfig;
@@ -72,6 +74,8 @@ pub struct Policy {
     pub websocket: Option<WebSocketConfig>,
     /// Each domain's `rlqs` section (domains without one use [`RlqsConfig::default`]).
     pub rlqs: std::collections::BTreeMap<String, RlqsConfig>,
+    /// The `concurrency` limits of every file, by name (unique across files).
+    pub concurrency: std::collections::BTreeMap<String, ConcurrencyLimit>,
 }
 
 impl Policy {
@@ -196,11 +200,27 @@ impl Policy {
         let mut gateway: Option<(GatewayConfig, PathBuf)> = None;
         let mut websocket: Option<(WebSocketConfig, PathBuf)> = None;
         let mut rlqs = std::collections::BTreeMap::new();
+        let mut concurrency = std::collections::BTreeMap::new();
+        let mut concurrency_files: std::collections::BTreeMap<String, PathBuf> =
+            std::collections::BTreeMap::new();
         for source in &sources {
             match yaml::parse(&source.path, &source.text, references) {
                 Ok(parsed) => {
                     if let Some(section) = parsed.rlqs {
                         rlqs.insert(parsed.domain.domain.clone(), section);
+                    }
+                    for (name, at, limit) in parsed.concurrency {
+                        if let Some(first) = concurrency_files.get(&name) {
+                            errors.push(ConfigError::at(
+                                &source.path,
+                                at,
+                                Some("concurrency.name"),
+                                format!("`{name}` is already defined by {}", Path::display(first)),
+                            ));
+                        } else {
+                            concurrency_files.insert(name.clone(), source.path.clone());
+                            concurrency.insert(name, limit);
+                        }
                     }
                     domains.push(parsed.domain);
                     positions.push(parsed.positions);
@@ -267,6 +287,7 @@ impl Policy {
             gateway: gateway.map(|(section, _)| section),
             websocket: websocket.map(|(section, _)| section),
             rlqs,
+            concurrency,
         })
     }
 }

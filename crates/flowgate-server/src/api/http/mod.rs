@@ -21,6 +21,7 @@ pub(crate) mod admin;
 #[doc(hidden)]
 pub mod check;
 pub(crate) mod config;
+pub(crate) mod leases;
 pub(crate) mod media_type;
 
 use std::net::SocketAddr;
@@ -92,6 +93,14 @@ pub fn router(service: Arc<Service>) -> Router {
         .route(
             "/v1/keys/{*descriptor}",
             get(admin::inspect).delete(admin::reset),
+        )
+        .route(
+            "/v1/leases/{name}/{key}",
+            post(leases::acquire).get(leases::held),
+        )
+        .route(
+            "/v1/leases/{name}/{key}/{lease}",
+            axum::routing::put(leases::renew).delete(leases::release),
         )
         .route("/openapi.json", get(super::openapi::serve))
         .layer(limit)

@@ -15,6 +15,7 @@
 //! what depends on several fields is checked by the section's module, with the fields'
 //! positions.
 
+mod concurrency;
 mod de;
 mod gateway;
 mod node;
@@ -28,10 +29,12 @@ use flowgate::envoy::DomainSpec;
 use serde::Deserialize;
 
 use super::Reference;
+use super::concurrency::ConcurrencyLimit;
 use super::error::ConfigError;
 use super::gateway::GatewayConfig;
 use super::rlqs::RlqsConfig;
 use super::websocket::WebSocketConfig;
+use concurrency::{ConcurrencyYaml, convert_concurrency};
 pub(crate) use de::Spanned;
 use de::{Problem, from_node};
 use gateway::{GatewayYaml, convert_gateway};
@@ -58,6 +61,9 @@ struct FileYaml {
     /// Extension: how Envoy's Rate Limit Quota Service divides this domain's limits.
     #[serde(default)]
     rlqs: Option<Spanned<RlqsYaml>>,
+    /// Extension: named in-flight limits, held by leases (`/v1/leases`).
+    #[serde(default)]
+    concurrency: Option<Vec<ConcurrencyYaml>>,
 }
 
 /// Collects the errors of one section (`websocket`, `rlqs`), each named `section.field`.
@@ -131,6 +137,8 @@ pub(crate) struct Parsed {
     pub(crate) websocket: Option<(WebSocketConfig, (u64, u64))>,
     /// The `rlqs` section, if any.
     pub(crate) rlqs: Option<RlqsConfig>,
+    /// The `concurrency` limits, each with its name's position.
+    pub(crate) concurrency: Vec<(String, (u64, u64), ConcurrencyLimit)>,
 }
 
 /// Parses one file into its domain (and its sections), collecting every problem. Files it
@@ -199,6 +207,7 @@ pub(crate) fn parse(
     let rlqs = yaml
         .rlqs
         .and_then(|r| convert_rlqs(file, r.value, r.at, &mut checked));
+    let concurrency = convert_concurrency(file, yaml.concurrency.unwrap_or_default(), &mut checked);
     errors.extend(checked.into_iter().filter(|e| {
         !left_out.iter().any(|p| {
             p.field.as_deref().and_then(field_name) == e.field
@@ -213,6 +222,7 @@ pub(crate) fn parse(
             gateway,
             websocket,
             rlqs,
+            concurrency,
         })
     } else {
         Err(errors)

@@ -1,0 +1,291 @@
+//! In-flight limits over HTTP: `/v1/leases/{name}/{key}` takes (`POST`) and counts (`GET`)
+//! leases of the configuration's `concurrency` limit `name` for `key`;
+//! `/v1/leases/{name}/{key}/{lease}` renews (`PUT`) and releases (`DELETE`) one.
+//!
+//! A caller takes a lease before its work starts and releases it when the work ends; a caller
+//! that dies without releasing loses the slot when the lease expires (`lease_time`), so a
+//! crash never leaks capacity. With `--redis`, every instance shares the limit.
+//!
+//! Answers: `201` with the lease, `429` (problem, `Retry-After`) when every slot is held,
+//! `404` for an unknown limit or a lease not held any more, `400` for a malformed lease id,
+//! `503` (problem) when the shared store is away and the limit says `fail: closed`. With
+//! `fail: open` the store away grants a lease counted nowhere (`"fallback": "open"`); renewing
+//! or releasing it answers `404`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use flowgate::FailMode;
+use flowgate::lease::{Acquired, LeaseId};
+use flowgate::store::StoreError;
+use flowgate::store::key::KeyWriter;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::super::Service;
+use super::super::problem::Problem;
+use super::check::millis;
+use super::json_response;
+use crate::config::ConcurrencyLimit;
+
+/// A lease granted or renewed.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct LeaseView {
+    /// The lease's id (32 hex digits): renew or release it with this.
+    lease: String,
+    /// Until the lease expires unless renewed, in milliseconds.
+    expires_in_ms: u64,
+    /// Leases held on the key now, this one included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held: Option<u64>,
+    /// The most leases the key may hold at once.
+    limit: u64,
+    /// `open` when the store was away and the limit's `fail: open` granted it (counted nowhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<&'static str>,
+}
+
+/// How many leases a key holds.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct HeldView {
+    /// Leases held on the key now.
+    held: u64,
+    /// The most leases the key may hold at once.
+    limit: u64,
+}
+
+/// The store key of `name`'s leases for `key`, in the one key grammar.
+fn store_key(name: &str, key: &str) -> String {
+    let mut out = String::with_capacity(name.len() + key.len() + 12);
+    KeyWriter::tagged(&mut out, "lease", name).field("key", key);
+    out
+}
+
+/// The running configuration's limit `name`, or the 404.
+fn limit(service: &Service, name: &str) -> Result<ConcurrencyLimit, Problem> {
+    service
+        .active()
+        .policy
+        .concurrency
+        .get(name)
+        .copied()
+        .ok_or_else(|| {
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "https://flowgate.dev/problems/no-such-limit",
+                "No such concurrency limit",
+                format!("the configuration has no concurrency limit named `{name}`"),
+            )
+        })
+}
+
+/// The 503 for a store that could not answer.
+fn store_problem(error: &StoreError) -> Problem {
+    tracing::warn!(error = %error, "the lease store could not answer");
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "https://flowgate.dev/problems/store-unavailable",
+        "The store is unavailable",
+        "the store that holds leases could not answer; try again",
+    )
+}
+
+/// The 404 for a lease not held.
+fn not_held() -> Problem {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "https://flowgate.dev/problems/lease-not-held",
+        "Lease not held",
+        "the lease is not held: released, expired, or never granted",
+    )
+}
+
+fn lease_id(text: &str) -> Result<LeaseId, Problem> {
+    text.parse()
+        .map_err(|e: flowgate::lease::BadLeaseId| Problem::bad_request(e.to_string()))
+}
+
+/// `POST /v1/leases/{name}/{key}`: takes a lease.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{name}/{key}",
+    tag = "leases",
+    params(
+        ("name" = String, Path, description = "The `concurrency` limit's name"),
+        ("key" = String, Path, description = "Whose in-flight requests are counted (percent-encoded)"),
+    ),
+    responses(
+        (status = 201, description = "The lease", body = LeaseView),
+        (status = 404, description = "No such limit", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 429, description = "Every slot is held; `Retry-After` says when the earliest lease expires", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not answer (`fail: closed`)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn acquire(
+    State(service): State<Arc<Service>>,
+    Path((name, key)): Path<(String, String)>,
+) -> Response {
+    let limit = match limit(&service, &name) {
+        Ok(limit) => limit,
+        Err(problem) => return problem.into_response(),
+    };
+    let leases = service.backend().leases();
+    let view = |id: LeaseId, expires_in: Duration, held, fallback| LeaseView {
+        lease: id.to_string(),
+        expires_in_ms: millis(expires_in),
+        held,
+        limit: limit.terms.limit(),
+        fallback,
+    };
+    match leases.acquire(&store_key(&name, &key), &limit.terms).await {
+        Ok(Acquired::Granted {
+            id,
+            expires_in,
+            held,
+        }) => json_response(StatusCode::CREATED, &view(id, expires_in, Some(held), None)),
+        Ok(Acquired::Full { held, retry_after }) => {
+            let mut response = Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "https://flowgate.dev/problems/concurrency-limit",
+                "Too many requests in flight",
+                format!(
+                    "{held} of {} leases are held; the earliest expires in {} ms",
+                    limit.terms.limit(),
+                    millis(retry_after)
+                ),
+            )
+            .into_response();
+            let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+            response
+        }
+        Err(error) if error.is_transient() && limit.fail == FailMode::Open => {
+            tracing::warn!(error = %error, limit = %name, "the lease store is away; granting (fail: open)");
+            let id = LeaseId::random();
+            json_response(
+                StatusCode::CREATED,
+                &view(id, limit.terms.ttl(), None, Some("open")),
+            )
+        }
+        Err(error) => store_problem(&error).into_response(),
+    }
+}
+
+/// `GET /v1/leases/{name}/{key}`: how many leases `key` holds.
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{name}/{key}",
+    tag = "leases",
+    params(
+        ("name" = String, Path, description = "The `concurrency` limit's name"),
+        ("key" = String, Path, description = "Whose in-flight requests are counted (percent-encoded)"),
+    ),
+    responses(
+        (status = 200, description = "Leases held", body = HeldView),
+        (status = 404, description = "No such limit", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not answer", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn held(
+    State(service): State<Arc<Service>>,
+    Path((name, key)): Path<(String, String)>,
+) -> Response {
+    let limit = match limit(&service, &name) {
+        Ok(limit) => limit,
+        Err(problem) => return problem.into_response(),
+    };
+    let leases = service.backend().leases();
+    match leases.held(&store_key(&name, &key)).await {
+        Ok(held) => json_response(
+            StatusCode::OK,
+            &HeldView {
+                held,
+                limit: limit.terms.limit(),
+            },
+        ),
+        Err(error) => store_problem(&error).into_response(),
+    }
+}
+
+/// `PUT /v1/leases/{name}/{key}/{lease}`: renews a lease for another `lease_time`.
+#[utoipa::path(
+    put,
+    path = "/v1/leases/{name}/{key}/{lease}",
+    tag = "leases",
+    params(
+        ("name" = String, Path, description = "The `concurrency` limit's name"),
+        ("key" = String, Path, description = "The key the lease was taken for (percent-encoded)"),
+        ("lease" = String, Path, description = "The lease's id"),
+    ),
+    responses(
+        (status = 200, description = "The lease, renewed", body = LeaseView),
+        (status = 400, description = "Not a lease id", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such limit, or the lease is not held (released or expired)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not answer", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn renew(
+    State(service): State<Arc<Service>>,
+    Path((name, key, lease)): Path<(String, String, String)>,
+) -> Response {
+    let (limit, id) = match limit(&service, &name).and_then(|l| Ok((l, lease_id(&lease)?))) {
+        Ok(found) => found,
+        Err(problem) => return problem.into_response(),
+    };
+    let leases = service.backend().leases();
+    match leases
+        .renew(&store_key(&name, &key), id, &limit.terms)
+        .await
+    {
+        Ok(true) => json_response(
+            StatusCode::OK,
+            &LeaseView {
+                lease: id.to_string(),
+                expires_in_ms: millis(limit.terms.ttl()),
+                held: None,
+                limit: limit.terms.limit(),
+                fallback: None,
+            },
+        ),
+        Ok(false) => not_held().into_response(),
+        Err(error) => store_problem(&error).into_response(),
+    }
+}
+
+/// `DELETE /v1/leases/{name}/{key}/{lease}`: releases a lease.
+#[utoipa::path(
+    delete,
+    path = "/v1/leases/{name}/{key}/{lease}",
+    tag = "leases",
+    params(
+        ("name" = String, Path, description = "The `concurrency` limit's name"),
+        ("key" = String, Path, description = "The key the lease was taken for (percent-encoded)"),
+        ("lease" = String, Path, description = "The lease's id"),
+    ),
+    responses(
+        (status = 204, description = "Released"),
+        (status = 400, description = "Not a lease id", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such limit, or the lease is not held (released already or expired)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not answer", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn release(
+    State(service): State<Arc<Service>>,
+    Path((name, key, lease)): Path<(String, String, String)>,
+) -> Response {
+    let id = match limit(&service, &name).and_then(|_| lease_id(&lease)) {
+        Ok(id) => id,
+        Err(problem) => return problem.into_response(),
+    };
+    let leases = service.backend().leases();
+    match leases.release(&store_key(&name, &key), id).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => not_held().into_response(),
+        Err(error) => store_problem(&error).into_response(),
+    }
+}
