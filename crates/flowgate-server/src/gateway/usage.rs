@@ -15,9 +15,11 @@
 //!   others carry `"usage": null`), and streams that report a running total in every event are
 //!   charged the final one.
 //!
-//! The usage is charged when the body ends, before the end goes on to the client, so a
-//! client's next request on the connection already meets the charge (one store call; no data
-//! waits for it). A body that breaks off — the upstream fails, or the client goes away — is
+//! The usage is charged when the body ends: a chunked body's end (the last chunk) goes on to
+//! the client once the charge is taken, so the client's next request already meets it (one
+//! store call; no data waits for it); a body of known length is complete for the client at
+//! its last byte, which is passed on at once while the charge runs in a task of its own (a
+//! request sent at that instant may pass before it lands). A body that breaks off — the upstream fails, or the client goes away — is
 //! charged the usage a stream had reported so far (it happened), else nothing; the charge then
 //! runs in its own task. A usage that cannot be read (see [`UsageUnread`]) charges nothing and
 //! is counted and logged at `warn` with the field's name (never the body).
@@ -484,6 +486,14 @@ impl<B: Body<Data = Bytes> + Unpin> Body for UsageBody<B> {
                     && let Some(data) = frame.data_ref()
                 {
                     scan.scanner.feed(data);
+                    // The last frame of a body of known length: hyper stops at its last byte
+                    // and never asks for the end, so the charge starts here, in its own task
+                    // (the frame does not wait for it).
+                    if this.inner.is_end_stream()
+                        && let Some(charging) = scan.finish(true)
+                    {
+                        spawn(charging);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
