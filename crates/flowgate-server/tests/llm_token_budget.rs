@@ -45,7 +45,7 @@ fn events(total: u64) -> Vec<Bytes> {
 ///   the first alone until the test calls `gate.notify_one()`;
 /// * `/json/N`: a completion of N tokens as one JSON document;
 /// * `/json/bad`: one whose `total_tokens` is not a number;
-/// * `/cut`: the first event, then the body breaks off.
+/// * `/cut`: the first event, then (released by `gate`) the body breaks off.
 async fn answer(
     request: Request<Incoming>,
     gate: Arc<Notify>,
@@ -75,7 +75,9 @@ async fn answer(
         tokio::spawn(async move {
             let first = events(0).remove(0);
             if tx.send_data(first).await.is_ok() {
-                // The body ends with an error: the upstream's connection breaks mid-body.
+                // Once the client has the first event, the body ends with an error: the
+                // upstream's connection breaks mid-body.
+                gate.notified().await;
                 tx.abort(std::io::Error::other("cut"));
             }
         });
@@ -211,7 +213,7 @@ async fn a_token_budget_refuses_once_the_charged_usage_passes_it_and_the_stream_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_that_cannot_be_read_is_counted_and_not_charged() {
-    let (server, _gate) = start().await;
+    let (server, gate) = start().await;
 
     // Not a number: passed on as it came, counted, nothing charged.
     let bad = get(&server, "/json/bad", &[("x-user", "cy")]).await;
@@ -230,10 +232,18 @@ async fn usage_that_cannot_be_read_is_counted_and_not_charged() {
         .expect("the head in time")
         .unwrap();
     assert_eq!(response.status(), 200);
-    let body = tokio::time::timeout(STEP, response.into_body().collect())
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(STEP, body.frame())
+        .await
+        .expect("the first event in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.into_data().unwrap(), events(0)[0]);
+    gate.notify_one();
+    let rest = tokio::time::timeout(STEP, body.collect())
         .await
         .expect("the body ends in time");
-    assert!(body.is_err(), "the client sees the body cut short");
+    assert!(rest.is_err(), "the client sees the body cut short");
     wait_metric(&server, &unread("cut_short"), 1.0).await;
     assert_eq!(server.metric(MINUTE).await, 0.0);
 
