@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use flowgate_testing::docs::marked_yaml;
-use flowgate_testing::grpc::{OK, OVER_LIMIT, Sample, descriptor_for, request, should};
+use flowgate_testing::grpc::{OK, OVER_LIMIT, Sample, descriptor, descriptor_for, request, should};
 use flowgate_testing::server::TestServer;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
