@@ -42,10 +42,12 @@ fn events(total: u64) -> Vec<Bytes> {
 
 /// What the upstream answers (by path):
 /// * `/stream/N`: the events of a completion of N tokens, each its own chunk; with `?gate`,
-///   the first alone until the test calls `gate.notify_one()`;
+///   the first alone until the test calls `gate.notify_one()`; `/stream/none`: without the
+///   usage event;
 /// * `/json/N`: a completion of N tokens as one JSON document;
 /// * `/json/bad`: one whose `total_tokens` is not a number;
-/// * `/cut`: the first event, then (released by `gate`) the body breaks off.
+/// * `/cut`: the first event (with `?usage`: and the usage event of 250 tokens), then
+///   (released by `gate`) the body breaks off.
 async fn answer(
     request: Request<Incoming>,
     gate: Arc<Notify>,
@@ -53,7 +55,15 @@ async fn answer(
     let path = request.uri().path().to_owned();
     let gated = request.uri().query() == Some("gate");
     if let Some(n) = path.strip_prefix("/stream/") {
-        let chunks = events(n.parse().unwrap());
+        let chunks = match n {
+            // A stream asked for without `include_usage`: no usage event.
+            "none" => {
+                let mut chunks = events(0);
+                chunks.remove(2);
+                chunks
+            }
+            n => events(n.parse().unwrap()),
+        };
         let (mut tx, body) = Channel::<Bytes, std::io::Error>::new(1);
         tokio::spawn(async move {
             for (i, chunk) in chunks.into_iter().enumerate() {
@@ -71,15 +81,22 @@ async fn answer(
             .unwrap();
     }
     if path == "/cut" {
+        let with_usage = request.uri().query() == Some("usage");
         let (mut tx, body) = Channel::<Bytes, std::io::Error>::new(1);
         tokio::spawn(async move {
-            let first = events(0).remove(0);
-            if tx.send_data(first).await.is_ok() {
-                // Once the client has the first event, the body ends with an error: the
-                // upstream's connection breaks mid-body.
-                gate.notified().await;
-                tx.abort(std::io::Error::other("cut"));
+            let mut sent = vec![events(0).remove(0)];
+            if with_usage {
+                sent.push(events(250).remove(2));
             }
+            for chunk in sent {
+                if tx.send_data(chunk).await.is_err() {
+                    return;
+                }
+            }
+            // Once the client has the first event, the body ends with an error: the
+            // upstream's connection breaks mid-body.
+            gate.notified().await;
+            tx.abort(std::io::Error::other("cut"));
         });
         return Response::builder()
             .header("content-type", "text/event-stream")
@@ -146,15 +163,11 @@ fn unread(reason: &str) -> String {
     format!(r#"flowgate_gateway_usage_unread_total{{reason="{reason}"}}"#)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_budget_refuses_once_the_charged_usage_passes_it_and_the_stream_is_never_held() {
-    let (server, gate) = start().await;
-    let gateway = server.gateway.unwrap();
-
-    // Ann's streamed completion of 600 tokens: the first event reaches her while the upstream
-    // still holds the rest, which it sends only once she has it.
-    let request = Request::get(format!("http://{gateway}/stream/600?gate"))
-        .header("x-user", "ann")
+/// `GET path` as `user` through the gateway: the response's first frame (its head must be
+/// `200 text/event-stream`) and the rest of its body, still to be read.
+async fn first_event(server: &TestServer, path: &str, user: &str) -> (Bytes, Incoming) {
+    let request = Request::get(format!("http://{}{path}", server.gateway.unwrap()))
+        .header("x-user", user)
         .body(Full::default())
         .unwrap();
     let response = tokio::time::timeout(STEP, client().request(request))
@@ -166,11 +179,21 @@ async fn a_token_budget_refuses_once_the_charged_usage_passes_it_and_the_stream_
     let mut body = response.into_body();
     let first = tokio::time::timeout(STEP, body.frame())
         .await
-        .expect("the first event before the upstream sends the others")
+        .expect("the first event in time, before the upstream sends more")
         .unwrap()
         .unwrap()
         .into_data()
         .unwrap();
+    (first, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_refuses_once_the_charged_usage_passes_it_and_the_stream_is_never_held() {
+    let (server, gate) = start().await;
+
+    // Ann's streamed completion of 600 tokens: the first event reaches her while the upstream
+    // still holds the rest, which it sends only once she has it.
+    let (first, body) = first_event(&server, "/stream/600?gate", "ann").await;
     let sent = events(600);
     assert_eq!(first, sent[0]);
     gate.notify_one();
@@ -223,22 +246,8 @@ async fn usage_that_cannot_be_read_is_counted_and_not_charged() {
     assert_eq!(server.metric(MINUTE).await, 0.0);
 
     // Cut short before the usage: the client sees the body break, the gateway counts it.
-    let request = Request::get(format!("http://{}/cut", server.gateway.unwrap()))
-        .header("x-user", "cy")
-        .body(Full::default())
-        .unwrap();
-    let response = tokio::time::timeout(STEP, client().request(request))
-        .await
-        .expect("the head in time")
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut body = response.into_body();
-    let first = tokio::time::timeout(STEP, body.frame())
-        .await
-        .expect("the first event in time")
-        .unwrap()
-        .unwrap();
-    assert_eq!(first.into_data().unwrap(), events(0)[0]);
+    let (first, body) = first_event(&server, "/cut", "cy").await;
+    assert_eq!(first, events(0)[0]);
     gate.notify_one();
     let rest = tokio::time::timeout(STEP, body.collect())
         .await
@@ -247,9 +256,31 @@ async fn usage_that_cannot_be_read_is_counted_and_not_charged() {
     wait_metric(&server, &unread("cut_short"), 1.0).await;
     assert_eq!(server.metric(MINUTE).await, 0.0);
 
+    // The client goes away mid-stream, before the usage: counted likewise.
+    let (_, body) = first_event(&server, "/stream/300?gate", "cy").await;
+    drop(body);
+    wait_metric(&server, &unread("cut_short"), 2.0).await;
+    gate.notify_one();
+
+    // A stream without usage: counted as missing.
+    let none = get(&server, "/stream/none", &[("x-user", "cy")]).await;
+    assert_eq!(none.status, 200);
+    wait_metric(&server, &unread("missing"), 1.0).await;
+    assert_eq!(server.metric(MINUTE).await, 0.0);
+
     // Nothing was charged: a large completion still passes, and is charged.
     let ok = get(&server, "/json/900", &[("x-user", "cy")]).await;
     assert_eq!(ok.status, 200);
     wait_metric(&server, MINUTE, 900.0).await;
+
+    // Cut short after the usage: the tokens were used, and are charged.
+    let (_, body) = first_event(&server, "/cut?usage", "dee").await;
+    gate.notify_one();
+    let rest = tokio::time::timeout(STEP, body.collect())
+        .await
+        .expect("the body ends in time");
+    assert!(rest.is_err(), "the client sees the body cut short");
+    wait_metric(&server, MINUTE, 1150.0).await;
+    assert_eq!(server.metric(&unread("cut_short")).await, 2.0);
     server.stop().await;
 }
