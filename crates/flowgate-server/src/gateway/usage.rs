@@ -453,9 +453,16 @@ pub struct UsageBody<B> {
     scan: Option<Box<Scan>>,
 }
 
-impl<B> UsageBody<B> {
-    /// `inner`, with its usage read by `scan`.
-    pub(crate) fn new(inner: B, scan: Option<Scan>) -> Self {
+impl<B: Body> UsageBody<B> {
+    /// `inner`, with its usage read by `scan`. A body that has already ended (empty: nobody
+    /// will poll it) is read, and charged, now.
+    pub(crate) fn new(inner: B, mut scan: Option<Scan>) -> Self {
+        if let Some(scan) = &mut scan
+            && inner.is_end_stream()
+            && let Some(charging) = scan.finish(true)
+        {
+            spawn(charging);
+        }
         UsageBody {
             inner,
             scan: scan.map(Box::new),
