@@ -1,5 +1,5 @@
-//! The commands the README's tour and docs/service.md's API and admin examples show, run as
-//! shown against the built binary, and what they print compared with what the document shows.
+//! The commands the README's tour, docs/service.md's API and admin examples and
+//! docs/llm-token-budgets.md show, run as shown against the built binary, and what they print compared with what the document shows.
 //!
 //! How a documented block runs:
 //! * Every command runs with `bash -c` from the repository's root (the tour says so), with the
@@ -538,6 +538,24 @@ fn docs_service_api_and_admin_examples_print_what_they_show() {
     );
     run_steps(
         &block_with(&doc, "export FLOWGATE_ADMIN_TOKEN=$(openssl rand -hex 32)"),
+        Session::new(),
+    );
+}
+
+/// docs/llm-token-budgets.md: `check-config` on its file, and the gateway in front of a
+/// static completion (python's http.server), charged the tokens it reports.
+#[test]
+fn docs_llm_token_budgets_commands_print_what_they_show() {
+    if !have("curl") || !have("python3") {
+        return;
+    }
+    let doc = std::fs::read_to_string(root().join("docs/llm-token-budgets.md")).unwrap();
+    run_steps(
+        &block_with(&doc, "flowgate check-config docs/llm/llm.yaml"),
+        Session::new(),
+    );
+    run_steps(
+        &block_with(&doc, "python3 -m http.server 3000"),
         Session::new(),
     );
 }

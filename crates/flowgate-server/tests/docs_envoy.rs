@@ -5,71 +5,16 @@
 
 use std::process::Command;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use serde_json::Value;
 
 use flowgate_testing::docs::marked_yaml;
-use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::grpc::{OK, OVER_LIMIT, Sample, descriptor, descriptor_for, request, should};
 use flowgate_testing::server::TestServer;
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
 fn doc() -> String {
     flowgate_testing::docs::read("docs/envoy.md")
-}
-
-/// A request as Envoy sees it.
-struct Sample<'a> {
-    path: &'a str,
-    remote_address: &'a str,
-    headers: &'a [(&'a str, &'a str)],
-}
-
-/// The descriptor one `rate_limits` entry's actions make for `sample` (the actions used in the
-/// doc; any other action fails the test, so the doc cannot drift beyond what is checked).
-/// `None` when an action skips the descriptor (`skip_if_absent`).
-fn descriptor_for(actions: &[Value], sample: &Sample<'_>) -> Option<RateLimitDescriptor> {
-    let mut entries: Vec<(String, String)> = Vec::new();
-    for action in actions {
-        let (name, body) = action.as_object().unwrap().iter().next().unwrap();
-        match name.as_str() {
-            "remote_address" => {
-                entries.push(("remote_address".into(), sample.remote_address.into()))
-            }
-            "generic_key" => entries.push((
-                body.get("descriptor_key")
-                    .and_then(Value::as_str)
-                    .unwrap_or("generic_key")
-                    .into(),
-                body["descriptor_value"].as_str().unwrap().into(),
-            )),
-            "request_headers" => {
-                let header = body["header_name"].as_str().unwrap();
-                match sample
-                    .headers
-                    .iter()
-                    .find(|(h, _)| h.eq_ignore_ascii_case(header))
-                {
-                    Some((_, value)) => entries.push((
-                        body["descriptor_key"].as_str().unwrap().into(),
-                        (*value).into(),
-                    )),
-                    // Envoy drops the entry with `skip_if_absent`, else the whole descriptor.
-                    None if body["skip_if_absent"] == Value::Bool(true) => {}
-                    None => return None,
-                }
-            }
-            other => panic!("docs/envoy.md uses action `{other}`, which this test does not model"),
-        }
-    }
-    if entries.is_empty() {
-        return None;
-    }
-    let borrowed: Vec<(&str, &str)> = entries
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    Some(descriptor(&borrowed))
 }
 
 /// A route's prefix and the actions of each of its `rate_limits` entries.

@@ -61,6 +61,28 @@ fn gateway_section_errors_name_file_line_column_and_field() {
 }
 
 #[test]
+fn usage_json_is_a_json_pointer() {
+    let errors = config_errors(
+        "domain: d\ngateway:\n  usage_json: usage.total_tokens\n  descriptors: [[{key: path}]]\n",
+    );
+    assert_eq!(
+        errors,
+        [
+            "gw.yaml:3:15: `gateway.usage_json`: `usage.total_tokens` is not a JSON pointer (RFC 6901) to a field; write e.g. `/usage/total_tokens`"
+        ]
+    );
+    let source = Source {
+        path: PathBuf::from("gw.yaml"),
+        text: "domain: d\ngateway:\n  usage_json: /usage/total_tokens\n  descriptors: [[{key: path}]]\n".to_owned(),
+    };
+    let policy = Policy::from_sources(vec![source]).unwrap();
+    assert_eq!(
+        policy.gateway.unwrap().usage_json.as_deref(),
+        Some("/usage/total_tokens")
+    );
+}
+
+#[test]
 fn only_one_file_may_have_a_gateway_section() {
     let file = |name: &str, domain: &str| Source {
         path: PathBuf::from(name),

@@ -13,6 +13,7 @@
 //!   body_idle_timeout: 60s          # silence allowed in a request or response body
 //!   forwarded: overwrite            # or append: clients' X-Forwarded-For/Forwarded
 //!   usage_header: x-usage-tokens    # charge what the upstream says was used (`charge: true` rules)
+//!   usage_json: /usage/total_tokens # or read it from the response body (JSON or server-sent events)
 //!   jwt: {hs256_secret_env: JWT_SECRET}   # or {rs256_public_key_file: key.pem}
 //!   descriptors:                    # each list is one request descriptor
 //!     - [{key: remote_address}]
@@ -77,6 +78,11 @@ pub struct GatewayConfig {
     /// descriptors whose rule has `charge: true` are checked with 0 units on the way in and
     /// charged this many when the response head arrives.
     pub usage_header: Option<http::HeaderName>,
+    /// Where the upstream's response body reports the units a request used: a JSON pointer
+    /// (RFC 6901, e.g. `/usage/total_tokens`) into an `application/json` body or into the
+    /// events of a `text/event-stream` body. Charged like `usage_header` when the body ends;
+    /// the header, when the response has it, wins.
+    pub usage_json: Option<String>,
 }
 
 /// What the gateway does with the `X-Forwarded-For` and `Forwarded` fields of a request from a
@@ -109,6 +115,7 @@ impl GatewayConfig {
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             forwarded: Forwarded::Overwrite,
             usage_header: None,
+            usage_json: None,
         }
     }
 }

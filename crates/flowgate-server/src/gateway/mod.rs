@@ -20,10 +20,13 @@
 //!   own `X-Forwarded-For`/`Forwarded` replaced unless it is a trusted proxy or the section says
 //!   `forwarded: append`); bodies stream both ways without buffering; the upstream's response
 //!   gets the `RateLimit` headers;
-//! * with `usage_header` (e.g. `x-usage-tokens`): descriptors whose rule has `charge: true`
-//!   are checked with 0 units (refused while the limit is in debt), and when the upstream's
-//!   response head arrives, charged the units that header reports before the head is passed on
-//!   (usage that happened: always taken, into debt past the limit; see docs/service.md);
+//! * with `usage_header` (e.g. `x-usage-tokens`) or `usage_json` (a JSON pointer, e.g.
+//!   `/usage/total_tokens`): descriptors whose rule has `charge: true` are checked with 0
+//!   units (refused while the limit is in debt), and charged the units the upstream reports —
+//!   the header's when the response head arrives, before the head is passed on; else the
+//!   body's field, read as the body streams past (JSON or server-sent events) and charged when
+//!   it ends ([`usage`]; usage that happened: always taken, into debt past the limit; see
+//!   docs/service.md and docs/llm-token-budgets.md);
 //! * upstream unreachable or broken: `502`; no response head within `upstream_timeout` of the
 //!   upstream's silence: `504` (generic problem bodies: the upstream's address and the error
 //!   are logged, never sent); the client's body stalled: `408`, malformed or cut short: `400`.
@@ -42,6 +45,7 @@ mod idle;
 pub mod path;
 mod pool;
 mod upstream;
+pub mod usage;
 pub mod ws;
 
 use std::convert::Infallible;
@@ -71,10 +75,12 @@ use crate::metrics::{Api, GatewayOutcome};
 
 pub use idle::{IdleBody, IdleError};
 pub use pool::UpstreamBody;
+pub use usage::UsageBody;
 
 /// The response body: the upstream's, streamed (given up when it stalls for
-/// `body_idle_timeout`), or one the gateway wrote.
-pub type Body = Either<IdleBody<UpstreamBody>, Full<Bytes>>;
+/// `body_idle_timeout`; its usage read on the way, with `usage_json`), or one the gateway
+/// wrote.
+pub type Body = Either<UsageBody<IdleBody<UpstreamBody>>, Full<Bytes>>;
 
 /// The gateway's state, shared by every connection.
 pub struct Gateway {
@@ -236,16 +242,18 @@ impl Gateway {
         Box::pin(self.forward(peer, parts, body, timeouts, keep_earlier, head)).await
     }
 
-    /// With a `usage_header`, the descriptors whose rule charges (`charge: true`): they are
-    /// checked with 0 units now (refused while in debt) and charged the units the upstream
-    /// reports when its response head arrives.
+    /// With a `usage_header` or `usage_json`, the descriptors whose rule charges
+    /// (`charge: true`): they are checked with 0 units now (refused while in debt) and charged
+    /// the units the upstream reports.
     fn usage(
         &self,
         active: &crate::api::Active,
         config: &GatewayConfig,
         descriptors: &mut [flowgate::envoy::Descriptor],
-    ) -> Option<Usage> {
-        let header = config.usage_header.clone()?;
+    ) -> Option<usage::Usage> {
+        if config.usage_header.is_none() && config.usage_json.is_none() {
+            return None;
+        }
         let rules = active.policy.rules.domain(&config.domain)?;
         let mut charged = Vec::new();
         for d in descriptors.iter_mut() {
@@ -254,43 +262,15 @@ impl Gateway {
                 charged.push(d.clone());
             }
         }
-        (!charged.is_empty()).then(|| Usage {
-            header,
-            domain: config.domain.clone(),
-            descriptors: charged,
+        (!charged.is_empty()).then(|| usage::Usage {
+            header: config.usage_header.clone(),
+            json: config.usage_json.as_deref().map(Arc::from),
+            charge: usage::Charge {
+                service: self.service.clone(),
+                domain: config.domain.clone(),
+                descriptors: charged,
+            },
         })
-    }
-
-    /// Charges what the upstream's response head reports in `usage.header` before the head
-    /// goes on to the client (one store call, like the check on the way in: the client's next
-    /// request already meets the charge). A value that is not a whole number of at most 32
-    /// bits is logged and ignored.
-    async fn charge_usage(&self, usage: Usage, headers: &http::HeaderMap) {
-        let Some(value) = headers.get(&usage.header) else {
-            return;
-        };
-        let units = match value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-        {
-            Some(0) => return,
-            Some(units) => u64::from(units),
-            None => {
-                tracing::warn!(header = %usage.header, ?value, "usage header is not a 32-bit count; not charged");
-                return;
-            }
-        };
-        let mut descriptors = usage.descriptors;
-        for d in &mut descriptors {
-            d.hits_addend = Some(units);
-        }
-        let active = self.service.active();
-        // A charge is always taken; a store error was counted in the metrics.
-        let _ = self
-            .service
-            .decide(&active, Api::Gateway, &usage.domain, &descriptors, 0)
-            .await;
     }
 
     /// The 429 (or 503, 500) an answer that does not allow stands for.
@@ -373,9 +353,10 @@ impl Gateway {
         // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
-        if let Some(usage) = head.usage {
-            self.charge_usage(usage, &parts.headers).await;
-        }
+        let scan = match head.usage {
+            Some(usage) => usage.on_head(parts.status, &parts.headers).await,
+            None => None,
+        };
         if let Some(answer) = head.answer {
             answer.apply(&mut parts.headers);
         }
@@ -387,7 +368,7 @@ impl Gateway {
             timeouts.body_idle,
             metrics.response_body_timeouts.clone(),
         );
-        Response::from_parts(parts, Either::Left(body))
+        Response::from_parts(parts, Either::Left(UsageBody::new(body, scan)))
     }
 }
 
@@ -470,19 +451,8 @@ async fn upstream_within<F: Future>(
 struct OnHead {
     /// The decision whose fields (`RateLimit`, …) the head gets.
     answer: Option<Answer>,
-    /// The usage to charge, from the head's `usage_header`.
-    usage: Option<Usage>,
-}
-
-/// What to charge when the upstream's response head arrives.
-#[derive(Debug)]
-struct Usage {
-    /// The response header that says how many units the request used.
-    header: http::HeaderName,
-    /// The domain the descriptors are checked against.
-    domain: String,
-    /// The request's descriptors whose rules charge.
-    descriptors: Vec<flowgate::envoy::Descriptor>,
+    /// The usage to charge, from the head's `usage_header` or the body's `usage_json`.
+    usage: Option<usage::Usage>,
 }
 
 /// The time limits of one forwarded request.

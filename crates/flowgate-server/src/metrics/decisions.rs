@@ -1,6 +1,7 @@
 //! What the decision APIs decided: per domain and rule, as envoyproxy/ratelimit reports them
 //! (`flowgate_hits_total`, `flowgate_over_limit_total`, `flowgate_near_limit_total`,
-//! `flowgate_within_limit_total`, `flowgate_shadow_mode_total`, with `detailed_metric` series
+//! `flowgate_within_limit_total`, `flowgate_shadow_mode_total`, and the units charged,
+//! `flowgate_charged_units_total`, with `detailed_metric` series
 //! and `flowgate_detailed_metric_overflow_total`), and how long each decision took
 //! (`flowgate_decision_duration_seconds{api}`).
 
@@ -70,6 +71,7 @@ pub struct RuleCounters {
     near_limit: Counter,
     within_limit: Counter,
     shadow_mode: Counter,
+    charged_units: Counter,
 }
 
 impl RuleCounters {
@@ -92,6 +94,7 @@ struct RuleFamilies {
     near_limit: Family<RuleLabels, Counter>,
     within_limit: Family<RuleLabels, Counter>,
     shadow_mode: Family<RuleLabels, Counter>,
+    charged_units: Family<RuleLabels, Counter>,
 }
 
 /// The per-rule series that exist, so that a reload can drop those of removed rules.
@@ -142,6 +145,11 @@ impl Decisions {
             "shadow_mode",
             "Units over the limit that shadow mode let through, per rule",
             rules.shadow_mode.clone(),
+        );
+        registry.register(
+            "charged_units",
+            "Units charged (usage reported after it happened, such as LLM tokens; taken even into debt), per rule",
+            rules.charged_units.clone(),
         );
         let latency = Family::<ApiLabel, Histogram>::new_with_constructor(|| {
             // 10 µs … ~84 ms.
@@ -222,6 +230,7 @@ impl Decisions {
             &f.near_limit,
             &f.within_limit,
             &f.shadow_mode,
+            &f.charged_units,
         ] {
             family.remove(labels);
         }
@@ -234,6 +243,7 @@ impl Decisions {
             near_limit: self.rules.near_limit.get_or_create_owned(&labels),
             within_limit: self.rules.within_limit.get_or_create_owned(&labels),
             shadow_mode: self.rules.shadow_mode.get_or_create_owned(&labels),
+            charged_units: self.rules.charged_units.get_or_create_owned(&labels),
         }
     }
 
@@ -292,6 +302,9 @@ impl Decisions {
         };
         let hits = verdict.hits;
         counters.hits.inc_by(hits);
+        if verdict.charge && decision.is_some() {
+            counters.charged_units.inc_by(hits);
+        }
         match decision {
             Some(d) if d.allowed => {
                 counters.within_limit.inc_by(hits);
@@ -502,6 +515,51 @@ mod tests {
             sample(&text, r#"flowgate_hits_total{domain="api",rule="user"}"#),
             Some(1.0),
             "a rule kept by the reload keeps its counts"
+        );
+    }
+
+    #[tokio::test]
+    async fn charged_units_count_charges_only() {
+        let metrics = Metrics::new();
+        let rules = RuleSet::build(vec![DomainSpec::new(
+            "api",
+            vec![
+                RuleSpec::new("user")
+                    .with_limit(LimitSpec::new(Rate::Limited(Quota::per_minute(1000))).charged()),
+                RuleSpec::new("ip")
+                    .with_limit(LimitSpec::new(Rate::Limited(Quota::per_minute(10)))),
+            ],
+        )])
+        .unwrap();
+        let store = MemoryStore::new();
+        let counters = metrics.rule_counters(rules.rules());
+        let record = |verdict: &envoy::Verdict<'_>| {
+            for result in &verdict.descriptors {
+                metrics.record("api", result, &counters, |_| String::new());
+            }
+        };
+        // The check on the way in (0 units), then the usage: 5000 units, into debt.
+        let mut user = one("user", "ann");
+        user.hits_addend = Some(0);
+        record(&envoy::check(&rules, &store, "api", &[user.clone()], 1).await);
+        user.hits_addend = Some(5000);
+        record(&envoy::check(&rules, &store, "api", &[user], 1).await);
+        record(&envoy::check(&rules, &store, "api", &[one("ip", "a")], 3).await);
+        let text = metrics.encode();
+        assert_eq!(
+            sample(
+                &text,
+                r#"flowgate_charged_units_total{domain="api",rule="user"}"#
+            ),
+            Some(5000.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"flowgate_charged_units_total{domain="api",rule="ip"}"#
+            ),
+            Some(0.0),
+            "ordinary hits are not charges"
         );
     }
 

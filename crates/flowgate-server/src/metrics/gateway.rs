@@ -1,6 +1,8 @@
 //! The HTTP gateway: `flowgate_gateway_responses_total{outcome}` and its pool of upstream
 //! connections (`flowgate_gateway_upstream_connects_total`, which with keep-alive working stays
-//! far below the forwarded responses, `flowgate_gateway_upstream_idle_connections`, …).
+//! far below the forwarded responses, `flowgate_gateway_upstream_idle_connections`, …), and
+//! the usage reports it could not read (`flowgate_gateway_usage_unread_total{reason}`; the
+//! units it charged are counted per rule, `flowgate_charged_units_total`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -37,6 +39,45 @@ impl GatewayOutcome {
     ];
 }
 
+/// Why the gateway could not read the usage a response reports (`usage_header`,
+/// `usage_json`); nothing is charged for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageUnread {
+    /// A successful response that did not report it (no such header or field).
+    Missing = 0,
+    /// Reported, but not a whole number of at most 32 bits (or the JSON did not parse).
+    Invalid = 1,
+    /// The JSON body, or the event that would have held it, went past the scanner's bound.
+    TooLarge = 2,
+    /// The body broke off (the upstream failed or the client went away) before it was read.
+    CutShort = 3,
+    /// A body the scanner cannot read: compressed, or neither JSON nor server-sent events.
+    Unsupported = 4,
+}
+
+impl UsageUnread {
+    /// Every reason's label value, by discriminant.
+    const LABELS: [&'static str; 5] = [
+        "missing",
+        "invalid",
+        "too_large",
+        "cut_short",
+        "unsupported",
+    ];
+
+    /// The reason's label value.
+    pub fn label(self) -> &'static str {
+        Self::LABELS[self as usize]
+    }
+}
+
+/// Label of the unread-usage counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why the usage was not read.
+    pub reason: &'static str,
+}
+
 /// Label of the gateway's response counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
@@ -68,6 +109,8 @@ pub struct UpstreamMetrics {
 pub(super) struct GatewayMetrics {
     /// Responses by outcome, resolved once (by [`GatewayOutcome`]).
     responses: [Counter; 6],
+    /// Usage reports not read, by reason (by [`UsageUnread`]).
+    usage_unread: [Counter; 5],
     /// The pool of upstream connections.
     upstream: UpstreamMetrics,
 }
@@ -83,6 +126,14 @@ impl GatewayMetrics {
         );
         let responses = GatewayOutcome::LABELS
             .map(|outcome| outcomes.get_or_create_owned(&OutcomeLabel { outcome }));
+        let unread = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "gateway_usage_unread",
+            "Responses whose reported usage (usage_header, usage_json) could not be read and was not charged, by reason",
+            unread.clone(),
+        );
+        let usage_unread =
+            UsageUnread::LABELS.map(|reason| unread.get_or_create_owned(&ReasonLabel { reason }));
         let upstream = UpstreamMetrics::default();
         registry.register(
             "gateway_upstream_connects",
@@ -121,8 +172,14 @@ impl GatewayMetrics {
         );
         GatewayMetrics {
             responses,
+            usage_unread,
             upstream,
         }
+    }
+
+    /// Counts a usage report that could not be read.
+    pub(super) fn usage_unread(&self, reason: UsageUnread) {
+        self.usage_unread[reason as usize].inc();
     }
 
     /// Counts one response.
@@ -152,6 +209,7 @@ mod tests {
         pool.connects.inc();
         pool.idle.set(3);
         pool.busy.inc();
+        metrics.usage_unread(UsageUnread::Invalid);
         let text = metrics.encode();
         let outcome = |o: &str| {
             sample(
@@ -180,5 +238,15 @@ mod tests {
             sample(&text, "flowgate_gateway_request_body_timeouts_total"),
             Some(0.0)
         );
+        let unread = |r: &str| {
+            sample(
+                &text,
+                &format!(r#"flowgate_gateway_usage_unread_total{{reason="{r}"}}"#),
+            )
+        };
+        assert_eq!(unread("invalid"), Some(1.0));
+        for zero in ["missing", "too_large", "cut_short", "unsupported"] {
+            assert_eq!(unread(zero), Some(0.0), "{zero}");
+        }
     }
 }

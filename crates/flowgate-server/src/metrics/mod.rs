@@ -22,7 +22,7 @@
 //!   `flowgate_store_breaker_open` (1 while open).
 //! * `memory.rs`: with the memory store, read from it at each scrape.
 //! * `reloads.rs`: `flowgate_config_reloads_total{result}`, `flowgate_config_version`.
-//! * `gateway.rs`: the HTTP gateway's responses and upstream pool.
+//! * `gateway.rs`: the HTTP gateway's responses, upstream pool and unread usage reports.
 //! * `listener.rs`: every client-facing listener (see [`crate::listen`]) and the HTTP API's
 //!   body bound.
 //! * `websocket.rs`: the WebSocket gateway, read from its limiters at each scrape.
@@ -45,7 +45,7 @@ use flowgate::store::{FallbackStats, StoreError};
 use prometheus_client::registry::Registry;
 
 pub use decisions::{Api, ApiLabel, MAX_DETAILED_SERIES, RuleCounters, RuleLabels};
-pub use gateway::{GatewayOutcome, OutcomeLabel, UpstreamMetrics};
+pub use gateway::{GatewayOutcome, OutcomeLabel, ReasonLabel, UpstreamMetrics, UsageUnread};
 pub use listener::{ListenerLabel, ListenerMetrics};
 pub use reloads::ResultLabel;
 pub use rlqs::{
@@ -134,6 +134,11 @@ impl Metrics {
     /// Counts one response of the gateway.
     pub fn gateway_response(&self, outcome: GatewayOutcome) {
         self.gateway.response(outcome);
+    }
+
+    /// Counts a usage report of an upstream response that the gateway could not read.
+    pub fn usage_unread(&self, reason: UsageUnread) {
+        self.gateway.usage_unread(reason);
     }
 
     /// Decisions taken by a failure mode so far, as `(mode, count)` for open, closed, local.
@@ -245,6 +250,7 @@ pub(crate) mod tests {
             "flowgate_gateway_upstream_connects",
             "flowgate_http_oversized_bodies",
             "flowgate_detailed_metric_overflow",
+            "flowgate_gateway_usage_unread",
         ] {
             assert!(
                 text.contains(&format!("# HELP {family} ")),

@@ -161,6 +161,7 @@ mod tests {
             applied: None,
             status: Status::Counted(Err(error)),
             hits: 1,
+            charge: false,
             enforced: true,
         }
     }

@@ -44,6 +44,9 @@ pub struct DescriptorVerdict<'r> {
     pub status: Status,
     /// The units this descriptor asked for.
     pub hits: u64,
+    /// Whether its hits were a charge ([`Ask::charge`](crate::store::Ask::charge)): usage that
+    /// already happened, taken whatever the limit said.
+    pub charge: bool,
     /// Whether a denial here denies the request: not in shadow mode (the rule's or the global
     /// one), and not a quota-mode limit while another quota-mode limit of the request passes.
     pub enforced: bool,
@@ -167,6 +170,7 @@ pub async fn check_with<'r, S: Store + ?Sized>(
                     "invalid limit override: {e}"
                 )))),
                 hits: d.hits_addend.unwrap_or(request_hits),
+                charge: false,
                 enforced: !modes.shadow_mode,
             };
             return Verdict {
@@ -332,6 +336,7 @@ impl<'r> Plan<'r> {
                     applied: r.applied,
                     status,
                     hits: r.hits,
+                    charge: r.charge,
                     enforced: true,
                 }
             })

@@ -54,6 +54,9 @@ pub(super) struct GatewayYaml {
     /// The upstream response header reporting the units used, charged to `charge: true` rules.
     #[serde(default)]
     usage_header: Option<Spanned<String>>,
+    /// A JSON pointer to the units used in the upstream's response body.
+    #[serde(default)]
+    usage_json: Option<Spanned<String>>,
 }
 
 /// One entry of a gateway descriptor.
@@ -203,12 +206,29 @@ pub(super) fn convert_gateway(
         }
     });
 
+    let usage_json = g.usage_json.as_ref().and_then(|p| {
+        if p.value.starts_with('/') {
+            Some(p.value.clone())
+        } else {
+            error(
+                p.at,
+                "usage_json",
+                format!(
+                    "`{}` is not a JSON pointer (RFC 6901) to a field; write e.g. `/usage/total_tokens`",
+                    p.value
+                ),
+            );
+            None
+        }
+    });
+
     if errors.len() > before {
         return None;
     }
     Some(GatewayConfig {
         forwarded,
         usage_header,
+        usage_json,
         domain: domain.to_owned(),
         listen: g.listen,
         client_ip: client_ip(&g.trusted_proxies, g.ipv6_prefix),
