@@ -367,14 +367,36 @@ const FILES: &str = "files";
 const XDS: &str = "xds";
 
 impl Service {
-    /// Applies one version of the xDS management server's rules as a reload does: validated
-    /// with the running files' texts (a domain defined by both is an error), installed when
-    /// valid and counted either way. The running policy stays when it is refused. Returns the
-    /// new configuration version, or why it was refused.
-    pub fn apply_xds(&self, rules: XdsRules) -> Result<u64, ConfigErrors> {
+    /// Applies one version (`version_info` `xds_version`) of the xDS management server's
+    /// `RateLimitConfig` resources as a reload does: decoded and validated with the running
+    /// files' texts (a domain defined by both is an error), installed when valid and counted
+    /// either way; the running policy stays when it is refused. Returns the configuration
+    /// version then running (unchanged when the resources are the running ones), or why the
+    /// version was refused.
+    pub fn apply_xds(
+        &self,
+        xds_version: &str,
+        resources: &[envoy_types::pb::google::protobuf::Any],
+    ) -> Result<u64, ConfigErrors> {
         let _composing = self.composing.lock();
-        let files = self.active.load().policy.sources.clone();
-        let xds_version = rules.version.clone();
+        let rules = match XdsRules::decode(xds_version, resources) {
+            Ok(rules) => rules,
+            Err(errors) => {
+                tracing::warn!(
+                    xds_version,
+                    "xDS version refused; the running rules stay:\n{errors}"
+                );
+                self.rejected_from(&errors, XDS);
+                return Err(errors);
+            }
+        };
+        let active = self.active.load_full();
+        if active.policy.xds.as_ref() == Some(&rules) {
+            tracing::debug!(xds_version, "xDS version holds the running rules");
+            return Ok(active.version);
+        }
+        let files = active.policy.sources.clone();
+        drop(active);
         match Policy::compose(files, Some(rules), &mut Vec::new()) {
             Ok(policy) => {
                 let rules = policy.rules.rules().len();
