@@ -23,7 +23,9 @@ use flowgate_server::config::xds::proto::{
 use flowgate_server::server::ServerConfig;
 use flowgate_server::xds::{XdsOptions, XdsTlsFiles};
 use flowgate_testing::STEP;
+use flowgate_testing::binary::Serving;
 use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
+use flowgate_testing::http::http_post;
 use flowgate_testing::server::TestServer;
 use prost::Message as _;
 use tokio::net::TcpListener;
@@ -437,4 +439,48 @@ async fn a_domain_from_a_file_and_from_xds_is_refused_and_both_sources_combine()
     assert_eq!(config["xds_version"], "v2");
     assert_eq!(codes(&server, "edge", "ip", 1).await, [OVER_LIMIT]);
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_reads_its_xds_settings_from_flags_and_the_environment() {
+    let mut management = Management::start().await;
+    let addr = management.addr;
+    let serving = tokio::task::spawn_blocking(move || {
+        Serving::start(
+            std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
+                .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+                .args(["--xds-node-metadata", "zone=b,rack=7"])
+                .env("FLOWGATE_CONFIG_SOURCE", format!("xds://{addr}"))
+                .env("FLOWGATE_XDS_NODE_ID", "edge-1")
+                .env("FLOWGATE_XDS_BACKOFF_INITIAL", "50ms"),
+        )
+    })
+    .await
+    .unwrap();
+    let first = management.next_request().await;
+    let node = first.node.unwrap();
+    assert_eq!(node.id, "edge-1");
+    let metadata = node.metadata.unwrap().fields;
+    assert!(
+        metadata.contains_key("zone") && metadata.contains_key("rack"),
+        "{metadata:?}"
+    );
+
+    let nonce = management.push("2026-12-02.1", vec![resource("app", "app", "user", 1)]);
+    assert_ack(&management.next_request().await, "2026-12-02.1", &nonce);
+    let http = serving.http;
+    let answers = tokio::task::spawn_blocking(move || {
+        let body = r#"{"domain":"app","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+        [
+            http_post(http, "/json", body),
+            http_post(http, "/json", body),
+        ]
+    })
+    .await
+    .unwrap();
+    assert!(answers[0].starts_with("HTTP/1.1 200"), "{}", answers[0]);
+    assert!(answers[1].starts_with("HTTP/1.1 429"), "{}", answers[1]);
+    let log = serving.log();
+    assert!(log.contains("xDS version applied"), "{log}");
+    assert!(log.contains("2026-12-02.1"), "{log}");
 }
