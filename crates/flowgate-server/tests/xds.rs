@@ -2,7 +2,8 @@
 //! (tonic and envoy-types' server trait, on loopback) sends `RateLimitConfig` versions to an
 //! in-process Flowgate; each version is ACKed and enforced, or NACKed with the errors while the
 //! running rules stay; the client outlives and finds again a restarted server; a domain defined
-//! by a file and by xDS is refused. Every wait is on an event (a request the server receives),
+//! by a file and by xDS is refused; `xdss://` verifies the server and presents a client
+//! certificate. Every wait is on an event (a request the server receives),
 //! bounded by a timeout.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -125,6 +126,20 @@ impl Management {
     /// Serves on `listener`.
     fn serve(listener: TcpListener) -> Management {
         let addr = listener.local_addr().unwrap();
+        Self::serve_incoming(addr, TcpListenerStream::new(listener))
+    }
+
+    /// Serves the connections of `incoming`, accepted at `addr`.
+    fn serve_incoming<S, IO>(addr: SocketAddr, incoming: S) -> Management
+    where
+        S: Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+    {
         let (pushes, pushes_rx) = watch::channel(Vec::new());
         let (received_tx, received) = mpsc::unbounded_channel();
         let (kill, killed) = watch::channel(false);
@@ -137,7 +152,7 @@ impl Management {
         let server = tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                .serve_with_incoming_shutdown(incoming, async move {
                     let _ = stop.wait_for(|k| *k).await;
                 })
                 .await
@@ -483,4 +498,140 @@ async fn the_binary_reads_its_xds_settings_from_flags_and_the_environment() {
     let log = serving.log();
     assert!(log.contains("xDS version applied"), "{log}");
     assert!(log.contains("2026-12-02.1"), "{log}");
+}
+
+/// A TLS connection the management server accepted.
+struct TlsIo(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl tonic::transport::server::Connected for TlsIo {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl tokio::io::AsyncRead for TlsIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+/// `xdss://`: the management server's certificate is verified against `--xds-ca-file` for
+/// `--xds-server-name`, and the client presents `--xds-cert-file` to a server that requires
+/// one (mutual TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xdss_verifies_the_server_and_presents_the_client_certificate() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let pki = flowgate_testing::pki::Pki::new("xds test CA");
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = pki.write_ca(dir.path());
+    let (client_cert, client_key) = pki.leaf().write(dir.path(), "client");
+    let server_leaf = pki.leaf();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from(pki.ca_der())).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder(std::sync::Arc::new(roots))
+        .build()
+        .unwrap();
+    let mut config = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from(server_leaf.cert_der.clone())],
+            PrivateKeyDer::from_pem_slice(server_leaf.key_pem.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, incoming) = mpsc::channel::<Result<TlsIo, std::io::Error>>(4);
+    let (peer_tx, mut peer_certs) = mpsc::unbounded_channel::<usize>();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                continue;
+            };
+            let _ = peer_tx.send(tls.get_ref().1.peer_certificates().map_or(0, <[_]>::len));
+            if accepted.send(Ok(TlsIo(tls))).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut management = Management::serve_incoming(addr, ReceiverStream::new(incoming));
+
+    let url = format!("xdss://127.0.0.1:{}", addr.port()).parse().unwrap();
+    let tls = XdsTlsFiles {
+        ca_file: Some(ca_file),
+        client: Some(flowgate_server::tls::CertificateFiles {
+            chain: client_cert,
+            key: client_key,
+        }),
+        server_name: Some("localhost".to_owned()),
+    };
+    let options = XdsOptions::new(url, "tls-node".to_owned(), tls).unwrap();
+    let config = ServerConfig::load_with_xds(Vec::new(), options).unwrap();
+    let server = TestServer::start_with(config, tempfile::tempdir().unwrap(), Vec::new()).await;
+    assert_eq!(management.next_request().await.node.unwrap().id, "tls-node");
+    assert_eq!(
+        tokio::time::timeout(STEP, peer_certs.recv()).await.unwrap(),
+        Some(1),
+        "the client presented its certificate"
+    );
+    let nonce = management.push("v1", vec![resource("app", "app", "user", 1)]);
+    assert_ack(&management.next_request().await, "v1", &nonce);
+    assert_eq!(codes(&server, "app", "user", 2).await, [OK, OVER_LIMIT]);
+    server.stop().await;
+}
+
+#[test]
+fn tls_flags_need_xdss_and_readable_files() {
+    let plain = "xds://127.0.0.1:1".parse().unwrap();
+    let error = XdsOptions::new(
+        plain,
+        "n".to_owned(),
+        XdsTlsFiles {
+            server_name: Some("x".to_owned()),
+            ..XdsTlsFiles::default()
+        },
+    )
+    .unwrap_err();
+    assert!(error.contains("write xdss://"), "{error}");
+    let tls = "xdss://127.0.0.1:1".parse().unwrap();
+    let error = XdsOptions::new(
+        tls,
+        "n".to_owned(),
+        XdsTlsFiles {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..XdsTlsFiles::default()
+        },
+    )
+    .unwrap_err();
+    assert!(error.contains("/nonexistent/ca.pem"), "{error}");
 }
