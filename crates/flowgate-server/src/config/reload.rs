@@ -147,9 +147,15 @@ pub async fn watch(
                     if signal.is_none() {
                         return;
                     }
-                    tracing::info!(
-                        "SIGHUP: no configuration file to reload (the built-in policy is running; start with --config FILE to reload files)"
-                    );
+                    if target.current_xds().is_some() || target.current_digest() == empty_digest() {
+                        tracing::info!(
+                            "SIGHUP: no configuration file to reload (the rules come from the xDS management server; start with --config FILE to reload files)"
+                        );
+                    } else {
+                        tracing::info!(
+                            "SIGHUP: no configuration file to reload (the built-in policy is running; start with --config FILE to reload files)"
+                        );
+                    }
                 }
             }
         }
@@ -184,6 +190,12 @@ pub async fn watch(
         shutdown,
     )
     .await;
+}
+
+/// The digest of a configuration without any source (a server following an xDS management
+/// server, before its first version).
+fn empty_digest() -> u64 {
+    digest(&[], &[])
 }
 
 /// What asked for a reload.
