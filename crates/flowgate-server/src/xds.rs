@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
@@ -201,6 +202,9 @@ impl XdsOptions {
             id: self.node_id.clone(),
             metadata: (!self.node_metadata.is_empty()).then_some(Struct { fields }),
             user_agent_name: "flowgate".to_owned(),
+            user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
+                env!("CARGO_PKG_VERSION").to_owned(),
+            )),
             ..Node::default()
         }
     }

@@ -307,6 +307,7 @@ async fn a_version_is_applied_acked_and_enforced() {
     );
     let node = first.node.expect("the first request names the node");
     assert_eq!(node.id, "test-node");
+    assert_eq!(node.user_agent_name, "flowgate");
     assert!(node.metadata.unwrap().fields.contains_key("zone"));
 
     let nonce = management.push("v1", vec![resource("app-limits", "app", "user", 2)]);
