@@ -27,7 +27,7 @@ use flowgate_testing::STEP;
 use flowgate_testing::binary::Serving;
 use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
 use flowgate_testing::http::http_post;
-use flowgate_testing::server::TestServer;
+use flowgate_testing::server::{TestServer, wait_metric};
 use prost::Message as _;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -454,6 +454,19 @@ async fn a_domain_from_a_file_and_from_xds_is_refused_and_both_sources_combine()
     assert_eq!(config["domains"], serde_json::json!(["app", "edge"]));
     assert_eq!(config["xds_version"], "v2");
     assert_eq!(codes(&server, "edge", "ip", 1).await, [OVER_LIMIT]);
+
+    // A file changed to a domain xDS defines is rejected; both stay as they were.
+    std::fs::write(&server.files[0], file.replace("app", "edge")).unwrap();
+    wait_metric(
+        &server,
+        "flowgate_config_reloads_total{result=\"failed\",source=\"files\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        server.get("/v1/config").await.json()["domains"],
+        serde_json::json!(["app", "edge"])
+    );
     server.stop().await;
 }
 
