@@ -12,6 +12,7 @@
 //! * [`metrics`]: Prometheus metrics;
 //! * [`dashboard`]: the live page at `/dashboard`;
 //! * [`server`]: `run(config, listeners, shutdown)`;
+//! * [`xds`]: rules from an xDS management server (`--config-source xds://HOST:PORT`);
 //! * [`cli`]: `serve`, `check-config`, `loadgen`, `simulate`;
 //! * [`coalesce`]: HTTP/2 write coalescing (the gRPC server and `loadgen`'s client);
 //! * `fuzzing` (feature `fuzzing`): the entry points of the fuzz targets under `fuzz/`.
@@ -28,3 +29,4 @@ pub mod metrics;
 pub mod rlqs;
 pub mod server;
 pub mod tls;
+pub mod xds;

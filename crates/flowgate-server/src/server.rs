@@ -61,6 +61,8 @@ pub struct ServerConfig {
     /// The rate-limit APIs' global modes (`--shadow-mode`, `--quota-mode`,
     /// `--response-dynamic-metadata`).
     pub rls: api::RlsSettings,
+    /// Rules also from this xDS management server (`--config-source xds://…`).
+    pub xds: Option<crate::xds::XdsOptions>,
 }
 
 /// `flowgate serve`'s default [`ServerConfig::drain_period`]: a few probe periods of a
@@ -84,6 +86,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("dashboard", &self.dashboard)
             .field("admin", &self.admin_token.is_some())
             .field("tls", &self.tls.as_ref().map(|tls| &tls.listeners))
+            .field("xds", &self.xds)
             .finish_non_exhaustive()
     }
 }
@@ -93,7 +96,24 @@ impl ServerConfig {
     /// files for changes.
     pub fn load(files: Vec<PathBuf>) -> Result<Self, ConfigErrors> {
         let policy = config::load(&files)?;
-        Ok(ServerConfig {
+        Ok(Self::with_policy(files, policy))
+    }
+
+    /// Loads `files` (no rules when empty: they come from xDS) and follows the xDS management
+    /// server of `xds`, with the in-memory store, watching the files for changes.
+    pub fn load_with_xds(
+        files: Vec<PathBuf>,
+        xds: crate::xds::XdsOptions,
+    ) -> Result<Self, ConfigErrors> {
+        let policy = config::load_beside_xds(&files)?;
+        let mut config = Self::with_policy(files, policy);
+        config.xds = Some(xds);
+        Ok(config)
+    }
+
+    /// Serves `policy`, loaded from `files`.
+    fn with_policy(files: Vec<PathBuf>, policy: Policy) -> Self {
+        ServerConfig {
             files,
             policy,
             backend: Backend::default(),
@@ -111,7 +131,8 @@ impl ServerConfig {
             tls: None,
             rlqs: crate::rlqs::RlqsOptions::default(),
             rls: api::RlsSettings::default(),
-        })
+            xds: None,
+        }
     }
 }
 
@@ -194,6 +215,13 @@ pub async fn run(
                 Ok(())
             });
         }
+    }
+    if let Some(xds) = config.xds {
+        tasks.spawn(crate::xds::run(
+            xds,
+            service.clone(),
+            signal(stopped.clone()),
+        ));
     }
     let tls = config.tls;
     let tls_for = |listener| tls.as_ref().and_then(|tls| tls.acceptor(listener));

@@ -119,8 +119,17 @@ pub struct CertificateFiles {
 }
 
 impl CertificateFiles {
-    /// The key pair in the files now, checked to match, and the bytes it was read from.
-    fn load(&self) -> Result<(CertifiedKey, Vec<u8>), TlsFileError> {
+    /// The certificate chain and the key in the files now, and the bytes they were read from.
+    fn read(
+        &self,
+    ) -> Result<
+        (
+            Vec<CertificateDer<'static>>,
+            PrivateKeyDer<'static>,
+            Vec<u8>,
+        ),
+        TlsFileError,
+    > {
         let chain_pem = read(&self.chain)?;
         let key_pem = read(&self.key)?;
         let chain = certificates_from(&self.chain, &chain_pem)?;
@@ -130,6 +139,14 @@ impl CertificateFiles {
                 format!("no PEM private key (PKCS#8, PKCS#1 or SEC1) in it: {e}"),
             )
         })?;
+        let mut both = chain_pem;
+        both.extend_from_slice(&key_pem);
+        Ok((chain, key, both))
+    }
+
+    /// The key pair in the files now, checked to match, and the bytes it was read from.
+    fn load(&self) -> Result<(CertifiedKey, Vec<u8>), TlsFileError> {
+        let (chain, key, both) = self.read()?;
         let signer = rustls::crypto::ring::sign::any_supported_type(&key)
             .map_err(|e| TlsFileError::new(&self.key, format!("unusable private key: {e}")))?;
         let certified = CertifiedKey::new(chain, signer);
@@ -142,8 +159,6 @@ impl CertificateFiles {
                 ),
             )
         })?;
-        let mut both = chain_pem;
-        both.extend_from_slice(&key_pem);
         Ok((certified, both))
     }
 }
@@ -248,6 +263,46 @@ impl ResolvesServerCert for Resolver {
 /// The client configuration for `https://` upstreams: the roots in `ca_file` (PEM), or the
 /// system's when `None`; ALPN `http/1.1`.
 pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, TlsFileError> {
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots(ca_file, "https:// upstreams", "--upstream-ca-file")?)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The client configuration for a gRPC server (the xDS management server): the roots in
+/// `ca_file` (PEM), or the system's when `None`; presenting `client`'s certificate when given
+/// (checked to match its key); ALPN `h2`.
+pub fn grpc_client_config(
+    ca_file: Option<&Path>,
+    client: Option<&CertificateFiles>,
+) -> Result<Arc<rustls::ClientConfig>, TlsFileError> {
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots(
+        ca_file,
+        "the xDS management server",
+        "--xds-ca-file",
+    )?);
+    let mut config = match client {
+        None => builder.with_no_client_auth(),
+        Some(files) => {
+            files.load()?;
+            let (chain, key, _) = files.read()?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| TlsFileError::new(&files.key, format!("unusable private key: {e}")))?
+        }
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The roots in `ca_file` (PEM), or the system's when `None` (`what` is verified against them;
+/// `flag` gives others).
+fn roots(
+    ca_file: Option<&Path>,
+    what: &str,
+    flag: &str,
+) -> Result<rustls::RootCertStore, TlsFileError> {
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
         Some(path) => {
@@ -266,16 +321,12 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>
             let (added, _ignored) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
                 tracing::warn!(
-                    "no system CA certificates found: https:// upstreams will fail to verify (give --upstream-ca-file)"
+                    "no system CA certificates found: {what} will fail to verify (give {flag})"
                 );
             }
         }
     }
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(roots)
 }
 
 /// A connection that may be TLS: the plain one, or `T` wrapping it.

@@ -208,7 +208,7 @@ async fn restoring_a_broken_file_clears_the_reload_error_and_breaking_it_again_s
     wait_reload(&server, |r| r["ok"] == false).await;
     assert_eq!(
         server
-            .metric("flowgate_config_reloads_total{result=\"failed\"}")
+            .metric("flowgate_config_reloads_total{result=\"failed\",source=\"files\"}")
             .await,
         2.0
     );

@@ -85,7 +85,7 @@ async fn reload_under_load_applies_new_limits_without_failed_calls() {
     assert_eq!(team.statuses[0].limit_remaining, 6);
     assert_eq!(
         server
-            .metric("flowgate_config_reloads_total{result=\"ok\"}")
+            .metric("flowgate_config_reloads_total{result=\"ok\",source=\"files\"}")
             .await,
         1.0
     );
@@ -103,7 +103,7 @@ async fn a_broken_reload_keeps_the_running_policy() {
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while server
-        .metric("flowgate_config_reloads_total{result=\"failed\"}")
+        .metric("flowgate_config_reloads_total{result=\"failed\",source=\"files\"}")
         .await
         < 1.0
     {
@@ -163,7 +163,7 @@ async fn rotating_a_key_file_is_a_change_and_a_broken_key_keeps_the_old_policy()
     std::fs::write(&key, b"not a key").unwrap();
     wait_for_metric(
         &server,
-        "flowgate_config_reloads_total{result=\"failed\"}",
+        "flowgate_config_reloads_total{result=\"failed\",source=\"files\"}",
         1.0,
     )
     .await;
@@ -176,7 +176,7 @@ async fn rotating_a_key_file_is_a_change_and_a_broken_key_keeps_the_old_policy()
     assert_ne!(digest().await, before);
     assert_eq!(
         server
-            .metric("flowgate_config_reloads_total{result=\"ok\"}")
+            .metric("flowgate_config_reloads_total{result=\"ok\",source=\"files\"}")
             .await,
         1.0
     );

@@ -391,7 +391,7 @@ async fn a_reloaded_websocket_section_applies_without_restart_and_a_broken_one_i
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while server
-        .metric("flowgate_config_reloads_total{result=\"failed\"}")
+        .metric("flowgate_config_reloads_total{result=\"failed\",source=\"files\"}")
         .await
         < 1.0
     {

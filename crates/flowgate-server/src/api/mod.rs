@@ -27,7 +27,7 @@ use flowgate::top::TopKeys;
 use crate::backend::Backend;
 pub use limits::InputLimits;
 
-use crate::config::{ConfigErrors, Policy, reload};
+use crate::config::{ConfigErrors, Policy, XdsRules, reload};
 use crate::metrics::{Api, Metrics, RuleCounters};
 
 /// The running policy and what belongs to it.
@@ -83,6 +83,9 @@ pub struct Service {
     admin_token: Option<AdminToken>,
     /// The last reload's outcome, for the dashboard (`None` until a reload is tried).
     last_reload: parking_lot::Mutex<Option<ReloadOutcome>>,
+    /// Held while a new policy is built from the running one and installed (a file reload,
+    /// an xDS version): neither loses the other's change.
+    composing: parking_lot::Mutex<()>,
     /// The heaviest denied keys, per domain and descriptor (fixed memory).
     top_denied: TopKeys,
     /// What one API request may carry.
@@ -114,6 +117,8 @@ pub struct ReloadOutcome {
     pub version: u64,
     /// Why the files were rejected (one line per error, with file:line:column); empty when ok.
     pub errors: Vec<String>,
+    /// What changed: `files` or `xds`.
+    pub source: &'static str,
 }
 
 pub use http::admin::{
@@ -151,6 +156,7 @@ impl Service {
             ready_requires_store: AtomicBool::new(false),
             admin_token: None,
             last_reload: parking_lot::Mutex::new(None),
+            composing: parking_lot::Mutex::new(()),
             top_denied: TopKeys::new(TOP_KEYS_CAPACITY),
             input: InputLimits::default(),
             rls: RlsSettings::default(),
@@ -318,26 +324,14 @@ impl reload::Target for Service {
     }
 
     fn install(&self, policy: Policy) {
-        let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.last_reload.lock() = Some(ReloadOutcome {
-            at_ms: unix_millis(),
-            ok: true,
-            version,
-            errors: Vec::new(),
-        });
-        tracing::info!(
-            version,
-            rules = policy.rules.rules().len(),
-            "configuration reloaded"
-        );
-        self.active
-            .store(Arc::new(Active::new(policy, version, &self.metrics)));
-        self.metrics.reloaded(true, version);
+        let rules = policy.rules.rules().len();
+        let version = self.install_from(policy, FILES);
+        tracing::info!(version, rules, "configuration reloaded");
     }
 
     fn unchanged(&self) {
         let mut last = self.last_reload.lock();
-        if last.as_ref().is_some_and(|r| !r.ok) {
+        if last.as_ref().is_some_and(|r| !r.ok && r.source == FILES) {
             let version = self.active.load().version;
             tracing::info!(
                 version,
@@ -348,19 +342,105 @@ impl reload::Target for Service {
                 ok: true,
                 version,
                 errors: Vec::new(),
+                source: FILES,
             });
         }
     }
 
     fn rejected(&self, errors: &ConfigErrors) {
         tracing::error!("configuration rejected; the running policy stays live:\n{errors}");
+        self.rejected_from(errors, FILES);
+    }
+
+    fn current_xds(&self) -> Option<XdsRules> {
+        self.active.load().policy.xds.clone()
+    }
+
+    fn composing(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.composing.lock()
+    }
+}
+
+/// [`ReloadOutcome::source`] of a reload of the configuration files.
+const FILES: &str = "files";
+/// [`ReloadOutcome::source`] of a version from the xDS management server.
+const XDS: &str = "xds";
+
+impl Service {
+    /// Applies one version (`version_info` `xds_version`) of the xDS management server's
+    /// `RateLimitConfig` resources as a reload does: decoded and validated with the running
+    /// files' texts (a domain defined by both is an error), installed when valid and counted
+    /// either way; the running policy stays when it is refused. Returns the configuration
+    /// version then running (unchanged when the resources are the running ones), or why the
+    /// version was refused.
+    pub fn apply_xds(
+        &self,
+        xds_version: &str,
+        resources: &[envoy_types::pb::google::protobuf::Any],
+    ) -> Result<u64, ConfigErrors> {
+        let _composing = self.composing.lock();
+        let rules = match XdsRules::decode(xds_version, resources) {
+            Ok(rules) => rules,
+            Err(errors) => {
+                tracing::warn!(
+                    xds_version,
+                    "xDS version refused; the running rules stay:\n{errors}"
+                );
+                self.rejected_from(&errors, XDS);
+                return Err(errors);
+            }
+        };
+        let active = self.active.load_full();
+        if active.policy.xds.as_ref() == Some(&rules) {
+            tracing::debug!(xds_version, "xDS version holds the running rules");
+            return Ok(active.version);
+        }
+        let files = active.policy.sources.clone();
+        drop(active);
+        match Policy::compose(files, Some(rules), &mut Vec::new()) {
+            Ok(policy) => {
+                let rules = policy.rules.rules().len();
+                let version = self.install_from(policy, XDS);
+                tracing::info!(xds_version, version, rules, "xDS version applied");
+                Ok(version)
+            }
+            Err(errors) => {
+                tracing::warn!(
+                    xds_version,
+                    "xDS version refused; the running rules stay:\n{errors}"
+                );
+                self.rejected_from(&errors, XDS);
+                Err(errors)
+            }
+        }
+    }
+
+    /// Makes `policy` the running one (changed by `source`); returns its version.
+    fn install_from(&self, policy: Policy, source: &'static str) -> u64 {
+        let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.last_reload.lock() = Some(ReloadOutcome {
+            at_ms: unix_millis(),
+            ok: true,
+            version,
+            errors: Vec::new(),
+            source,
+        });
+        self.active
+            .store(Arc::new(Active::new(policy, version, &self.metrics)));
+        self.metrics.reloaded(source, true, version);
+        version
+    }
+
+    /// Records a configuration from `source` that was refused.
+    fn rejected_from(&self, errors: &ConfigErrors, source: &'static str) {
         *self.last_reload.lock() = Some(ReloadOutcome {
             at_ms: unix_millis(),
             ok: false,
             version: self.active.load().version,
             errors: errors.to_string().lines().map(str::to_owned).collect(),
+            source,
         });
-        self.metrics.reloaded(false, 0);
+        self.metrics.reloaded(source, false, 0);
     }
 }
 

@@ -33,6 +33,75 @@ pub struct ServeArgs {
     /// Without any, a built-in default policy is enforced (domain `default`).
     #[arg(long = "config", value_name = "FILE", env = "FLOWGATE_CONFIG")]
     pub config: Vec<PathBuf>,
+    /// Rules also from an xDS management server (envoyproxy/ratelimit's
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`): `xds://HOST:PORT`, or `xdss://HOST:PORT` for TLS. Its
+    /// `RateLimitConfig` resources are applied like a reload, beside the --config files (a
+    /// domain may come from one or the other); without --config, no built-in policy.
+    #[arg(long, value_name = "URL", env = "FLOWGATE_CONFIG_SOURCE")]
+    pub config_source: Option<crate::xds::XdsUrl>,
+    /// The node id sent to the xDS management server, which chooses the resources by it.
+    #[arg(
+        long,
+        value_name = "ID",
+        default_value = "default",
+        requires = "config_source",
+        env = "FLOWGATE_XDS_NODE_ID"
+    )]
+    pub xds_node_id: String,
+    /// Node metadata sent to the xDS management server, `KEY=VALUE` (repeated or
+    /// comma-separated).
+    #[arg(long, value_name = "KEY=VALUE", value_delimiter = ',', value_parser = crate::xds::parse_metadata_pair, requires = "config_source", env = "FLOWGATE_XDS_NODE_METADATA")]
+    pub xds_node_metadata: Vec<(String, String)>,
+    /// CA certificates (PEM) an `xdss://` management server is verified against, instead of
+    /// the system's roots.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "config_source",
+        env = "FLOWGATE_XDS_CA_FILE"
+    )]
+    pub xds_ca_file: Option<PathBuf>,
+    /// Client certificate chain (PEM) presented to an `xdss://` management server; with
+    /// --xds-key-file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "config_source",
+        requires = "xds_key_file",
+        env = "FLOWGATE_XDS_CERT_FILE"
+    )]
+    pub xds_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --xds-cert-file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "xds_cert_file",
+        env = "FLOWGATE_XDS_KEY_FILE"
+    )]
+    pub xds_key_file: Option<PathBuf>,
+    /// The name the `xdss://` management server's certificate must carry (default: the URL's
+    /// host).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "config_source",
+        env = "FLOWGATE_XDS_SERVER_NAME"
+    )]
+    pub xds_server_name: Option<String>,
+    /// How long connecting to the xDS management server (TCP, TLS, HTTP/2) and opening the
+    /// stream may take.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration, requires = "config_source", env = "FLOWGATE_XDS_CONNECT_TIMEOUT")]
+    pub xds_connect_timeout: Duration,
+    /// The largest message accepted from the xDS management server, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::xds::DEFAULT_MAX_MESSAGE_BYTES, requires = "config_source", env = "FLOWGATE_XDS_MAX_MESSAGE_BYTES")]
+    pub xds_max_message_bytes: usize,
+    /// The first wait before reconnecting to the xDS management server; it doubles (with
+    /// jitter) up to --xds-backoff-max.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = humantime::parse_duration, requires = "config_source", env = "FLOWGATE_XDS_BACKOFF_INITIAL")]
+    pub xds_backoff_initial: Duration,
+    /// The longest wait before reconnecting to the xDS management server.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration, requires = "config_source", env = "FLOWGATE_XDS_BACKOFF_MAX")]
+    pub xds_backoff_max: Duration,
     /// Address of the HTTP API (IP:PORT or HOST:PORT).
     #[arg(
         long,
@@ -275,6 +344,9 @@ pub enum ServeError {
     /// A file of the Redis TLS flags cannot be used.
     #[error("{0}")]
     RedisTls(String),
+    /// The xDS flags do not fit together, or a TLS file of theirs cannot be used.
+    #[error("{0}")]
+    Xds(String),
     /// `--upstream` and its CA file, or the gateway's configuration, do not fit together.
     #[error("{0}")]
     Gateway(String),
@@ -305,7 +377,28 @@ pub enum ServeError {
 
 /// Runs `flowgate serve` until it is stopped (`Ok`) or fails.
 pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
-    let mut config = ServerConfig::load(args.config)?;
+    let mut config = match &args.config_source {
+        None => ServerConfig::load(args.config)?,
+        Some(url) => {
+            let tls = crate::xds::XdsTlsFiles {
+                ca_file: args.xds_ca_file.clone(),
+                client: args
+                    .xds_cert_file
+                    .clone()
+                    .zip(args.xds_key_file.clone())
+                    .map(|(chain, key)| CertificateFiles { chain, key }),
+                server_name: args.xds_server_name.clone(),
+            };
+            let mut xds = crate::xds::XdsOptions::new(url.clone(), args.xds_node_id.clone(), tls)
+                .map_err(ServeError::Xds)?;
+            xds.node_metadata = args.xds_node_metadata.clone();
+            xds.connect_timeout = args.xds_connect_timeout;
+            xds.max_message_bytes = args.xds_max_message_bytes;
+            xds.backoff_initial = args.xds_backoff_initial;
+            xds.backoff_max = args.xds_backoff_max;
+            ServerConfig::load_with_xds(args.config, xds)?
+        }
+    };
     config.noop = args.noop;
     config.ready_requires_store = args.ready_requires_store;
     config.drain_period = args.drain_period;

@@ -31,6 +31,7 @@ pub mod gateway;
 pub mod reload;
 pub mod rlqs;
 pub mod websocket;
+pub mod xds;
 mod yaml;
 
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -45,6 +46,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use gateway::GatewayConfig;
 pub use rlqs::RlqsConfig;
 pub use websocket::WebSocketConfig;
+pub use xds::XdsRules;
 
 /// The policy used when `flowgate serve` is given no `--config`: domain `default`, documented
 /// in `docs/service.md`.
@@ -60,6 +62,11 @@ pub struct Policy {
     pub rules: RuleSet,
     /// The files it was loaded from, in command-line order.
     pub files: Vec<PathBuf>,
+    /// The files' texts as loaded (the built-in policy's too): what an xDS update is combined
+    /// with.
+    pub sources: Vec<Source>,
+    /// The rules from the xDS management server, when `--config-source` names one.
+    pub xds: Option<XdsRules>,
     /// A hash of the files' contents and of the files they refer to: equal digests mean
     /// identical configuration.
     pub digest: u64,
@@ -86,7 +93,7 @@ impl Policy {
 }
 
 /// A configuration file's name and text.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
     /// The file's name as given (used in errors).
     pub path: PathBuf,
@@ -150,6 +157,16 @@ pub fn load(paths: &[PathBuf]) -> Result<Policy, ConfigErrors> {
     Policy::from_sources(read_all(paths)?)
 }
 
+/// Reads and validates `paths` for a server whose rules also come from an xDS management
+/// server: with no paths, no rules at all (until the first xDS version) instead of the built-in
+/// policy.
+pub fn load_beside_xds(paths: &[PathBuf]) -> Result<Policy, ConfigErrors> {
+    if paths.is_empty() {
+        return Policy::from_sources(Vec::new());
+    }
+    load(paths)
+}
+
 /// Reads every file of `paths` (the built-in policy when there are none).
 pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Source>, ConfigErrors> {
     if paths.is_empty() {
@@ -183,6 +200,28 @@ pub fn digest(sources: &[Source], references: &[Reference]) -> u64 {
 }
 
 impl Policy {
+    /// The policy of the file texts `files` and the xDS rules `xds` together: every domain
+    /// once (a domain defined by a file and by a resource is an error naming both). Errors
+    /// about a resource name it and the field. Files referred to are noted in `references`.
+    pub fn compose(
+        files: Vec<Source>,
+        xds: Option<XdsRules>,
+        references: &mut Vec<Reference>,
+    ) -> Result<Policy, ConfigErrors> {
+        let Some(xds) = xds else {
+            return Policy::from_sources_noting(files, references);
+        };
+        let count = files.len();
+        let mut sources = files;
+        sources.extend(xds.sources().cloned());
+        let mut policy =
+            Policy::from_sources_noting(sources, references).map_err(|e| xds.explain(e))?;
+        policy.files.truncate(count);
+        policy.sources.truncate(count);
+        policy.xds = Some(xds);
+        Ok(policy)
+    }
+
     /// Parses and validates configuration texts; every source is one domain.
     pub fn from_sources(sources: Vec<Source>) -> Result<Policy, ConfigErrors> {
         Policy::from_sources_noting(sources, &mut Vec::new())
@@ -259,6 +298,7 @@ impl Policy {
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
         }
+        let names: Vec<String> = domains.iter().map(|d| d.domain.clone()).collect();
         let rules = RuleSet::build(domains).map_err(|e| {
             let file = &sources[e.path.domain].path;
             let at = positions[e.path.domain].of(&e.path.rules);
@@ -272,7 +312,15 @@ impl Policy {
             };
             let message = match &e.kind {
                 RuleErrorKind::DuplicateDomain(d) => {
-                    format!("domain `{d}` is already defined by another file")
+                    let first = sources[..e.path.domain]
+                        .iter()
+                        .zip(&names)
+                        .find(|(_, name)| *name == d)
+                        .map_or_else(
+                            || "another file".to_owned(),
+                            |(source, _)| source.path.display().to_string(),
+                        );
+                    format!("domain `{d}` is already defined by {first}")
                 }
                 other => other.to_string(),
             };
@@ -282,7 +330,9 @@ impl Policy {
             rules,
             digest: digest(&sources, references),
             references: references.clone(),
-            files: sources.into_iter().map(|s| s.path).collect(),
+            files: sources.iter().map(|s| s.path.clone()).collect(),
+            sources,
+            xds: None,
             loaded_at: SystemTime::now(),
             gateway: gateway.map(|(section, _)| section),
             websocket: websocket.map(|(section, _)| section),
@@ -328,7 +378,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             dup_domain.to_string(),
-            "b.yaml:2:9: `domain`: domain `a` is already defined by another file"
+            "b.yaml:2:9: `domain`: domain `a` is already defined by a.yaml"
         );
     }
 }

@@ -15,7 +15,7 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{ConfigErrors, Policy, Reference, digest, read_all};
+use super::{ConfigErrors, Policy, Reference, XdsRules, digest, read_all};
 
 /// How long to wait after a file event for more events before reloading (editors write in
 /// several steps).
@@ -34,6 +34,13 @@ pub trait Target: Send + Sync + 'static {
     /// Reports that the files were read again and are the running configuration (e.g. a
     /// broken file was restored): an earlier rejection no longer describes them.
     fn unchanged(&self);
+    /// The running rules from the xDS management server, which a reload of the files keeps.
+    fn current_xds(&self) -> Option<XdsRules> {
+        None
+    }
+    /// Held while a new configuration is built from the running one and installed, so that a
+    /// file reload and an xDS update never lose each other's change.
+    fn composing(&self) -> parking_lot::MutexGuard<'_, ()>;
 }
 
 /// Reloads `paths` into `target` when asked: the outcome of one attempt.
@@ -86,21 +93,25 @@ pub fn reload_now(
             return Reloaded::Rejected;
         }
     };
+    let _composing = target.composing();
+    // The rules from xDS stay as they are; they are part of the configuration's identity.
+    let xds = target.current_xds();
+    let mut all = sources.clone();
+    all.extend(xds.iter().flat_map(|x| x.sources().cloned()));
     // Unchanged texts refer to the same files: only their contents can differ.
-    if digest_now(&sources, &target.current_references()) == target.current_digest() {
+    if digest_now(&all, &target.current_references()) == target.current_digest() {
         // Back to the running configuration: the same broken files again are news again.
         *last_rejected = None;
         target.unchanged();
         return Reloaded::Unchanged;
     }
     if let Some(rejection) = last_rejected
-        && digest_now(&sources, &rejection.references) == rejection.digest
+        && digest_now(&all, &rejection.references) == rejection.digest
     {
         return Reloaded::StillRejected;
     }
     let mut references = Vec::new();
-    let digest_sources = sources.clone();
-    match Policy::from_sources_noting(sources, &mut references) {
+    match Policy::compose(sources, xds, &mut references) {
         Ok(policy) => {
             *last_rejected = None;
             target.install(policy);
@@ -108,7 +119,7 @@ pub fn reload_now(
         }
         Err(errors) => {
             *last_rejected = Some(Rejection {
-                digest: digest(&digest_sources, &references),
+                digest: digest(&all, &references),
                 references: references.into_iter().map(|r| r.path).collect(),
             });
             target.rejected(&errors);
@@ -136,9 +147,15 @@ pub async fn watch(
                     if signal.is_none() {
                         return;
                     }
-                    tracing::info!(
-                        "SIGHUP: no configuration file to reload (the built-in policy is running; start with --config FILE to reload files)"
-                    );
+                    if target.current_xds().is_some() || target.current_digest() == empty_digest() {
+                        tracing::info!(
+                            "SIGHUP: no configuration file to reload (the rules come from the xDS management server; start with --config FILE to reload files)"
+                        );
+                    } else {
+                        tracing::info!(
+                            "SIGHUP: no configuration file to reload (the built-in policy is running; start with --config FILE to reload files)"
+                        );
+                    }
                 }
             }
         }
@@ -173,6 +190,12 @@ pub async fn watch(
         shutdown,
     )
     .await;
+}
+
+/// The digest of a configuration without any source (a server following an xDS management
+/// server, before its first version).
+fn empty_digest() -> u64 {
+    digest(&[], &[])
 }
 
 /// What asked for a reload.

@@ -17,12 +17,13 @@ function cell(row, value, numeric) {
 }
 
 function render(s) {
-  text($("config-version"), "v" + s.config.version);
+  text($("config-version"), "v" + s.config.version + (s.config.xds_version == null ? "" : ` (xDS ${s.config.xds_version})`));
   const r = s.config.last_reload;
   if (r) {
     const when = new Date(r.at_ms).toLocaleTimeString();
+    const what = r.source === "xds" ? "xDS version" : "reload";
     $("reload").className = r.ok ? "ok" : "bad";
-    text($("reload"), r.ok ? `reloaded ${when} (v${r.version})` : `reload rejected ${when}: ${r.errors.join("; ")}`);
+    text($("reload"), r.ok ? `${r.source === "xds" ? "xDS version applied" : "reloaded"} ${when} (v${r.version})` : `${what} rejected ${when}: ${r.errors.join("; ")}`);
   }
   text($("store-kind"), s.store.kind);
   $("store-health").className = s.store.reachable ? "ok" : "bad";

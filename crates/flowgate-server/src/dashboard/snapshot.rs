@@ -71,6 +71,8 @@ pub struct RlqsRuleView {
 pub struct ConfigView {
     /// 1 for the configuration loaded at start, +1 per successful reload.
     pub version: u64,
+    /// The `version_info` of the xDS management server's rules running, if any.
+    pub xds_version: Option<String>,
     /// The last reload: `null` until one is tried.
     pub last_reload: Option<ReloadView>,
 }
@@ -86,6 +88,8 @@ pub struct ReloadView {
     pub version: u64,
     /// Why the files were rejected (file:line:column and the field); empty when ok.
     pub errors: Vec<String>,
+    /// What changed: `files` or `xds`.
+    pub source: &'static str,
 }
 
 /// The store's health.
@@ -225,11 +229,13 @@ impl Sampler {
             time_ms: unix_millis(),
             config: ConfigView {
                 version: active.version,
+                xds_version: active.policy.xds.as_ref().map(|x| x.version.clone()),
                 last_reload: service.last_reload().map(|r| ReloadView {
                     at_ms: r.at_ms,
                     ok: r.ok,
                     version: r.version,
                     errors: r.errors,
+                    source: r.source,
                 }),
             },
             store: StoreView {

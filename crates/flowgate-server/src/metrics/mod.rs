@@ -21,7 +21,7 @@
 //!   trying the store, breaker open), `flowgate_store_breaker_opened_total` and
 //!   `flowgate_store_breaker_open` (1 while open).
 //! * `memory.rs`: with the memory store, read from it at each scrape.
-//! * `reloads.rs`: `flowgate_config_reloads_total{result}`, `flowgate_config_version`.
+//! * `reloads.rs`: `flowgate_config_reloads_total{result,source}`, `flowgate_config_version`.
 //! * `gateway.rs`: the HTTP gateway's responses, upstream pool and unread usage reports.
 //! * `listener.rs`: every client-facing listener (see [`crate::listen`]) and the HTTP API's
 //!   body bound.
@@ -190,9 +190,9 @@ impl Metrics {
         self.decisions.observe_latency(api, seconds);
     }
 
-    /// Counts a reload and, when it succeeded, the new version.
-    pub fn reloaded(&self, ok: bool, version: u64) {
-        self.reloads.reloaded(ok, version);
+    /// Counts a reload of `source` (`files` or `xds`) and, when it succeeded, the new version.
+    pub fn reloaded(&self, source: &'static str, ok: bool, version: u64) {
+        self.reloads.reloaded(source, ok, version);
     }
 
     /// Sets the configuration version (at start).

@@ -1,4 +1,5 @@
-//! The configuration: `flowgate_config_reloads_total{result}` and `flowgate_config_version`.
+//! The configuration: `flowgate_config_reloads_total{result,source}` and
+//! `flowgate_config_version`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -6,11 +7,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Label of the reload counter.
+/// Labels of the reload counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     /// `ok` or `failed`.
     pub result: &'static str,
+    /// What changed: `files` (a reload of the configuration files) or `xds` (a version from
+    /// the xDS management server).
+    pub source: &'static str,
 }
 
 /// Reloads and the running version.
@@ -28,7 +32,7 @@ impl ReloadMetrics {
         let reloads = Family::<ResultLabel, Counter>::default();
         registry.register(
             "config_reloads",
-            "Configuration reloads, by result (ok, failed)",
+            "Configuration reloads, by result (ok, failed) and source (files, xds)",
             reloads.clone(),
         );
         let version = Gauge::default();
@@ -40,10 +44,12 @@ impl ReloadMetrics {
         ReloadMetrics { reloads, version }
     }
 
-    /// Counts a reload and, when it succeeded, the new version.
-    pub(super) fn reloaded(&self, ok: bool, version: u64) {
+    /// Counts a reload of `source` and, when it succeeded, the new version.
+    pub(super) fn reloaded(&self, source: &'static str, ok: bool, version: u64) {
         let result = if ok { "ok" } else { "failed" };
-        self.reloads.get_or_create(&ResultLabel { result }).inc();
+        self.reloads
+            .get_or_create(&ResultLabel { result, source })
+            .inc();
         if ok {
             self.set_version(version);
         }
@@ -64,16 +70,23 @@ mod tests {
     fn reloads_are_counted_by_result_and_only_a_good_one_moves_the_version() {
         let metrics = Metrics::new();
         metrics.set_version(1);
-        metrics.reloaded(true, 2);
-        metrics.reloaded(false, 0);
-        metrics.reloaded(false, 0);
+        metrics.reloaded("files", true, 2);
+        metrics.reloaded("files", false, 0);
+        metrics.reloaded("xds", false, 0);
+        metrics.reloaded("xds", false, 0);
         let text = metrics.encode();
         assert_eq!(
-            sample(&text, r#"flowgate_config_reloads_total{result="ok"}"#),
+            sample(
+                &text,
+                r#"flowgate_config_reloads_total{result="ok",source="files"}"#
+            ),
             Some(1.0)
         );
         assert_eq!(
-            sample(&text, r#"flowgate_config_reloads_total{result="failed"}"#),
+            sample(
+                &text,
+                r#"flowgate_config_reloads_total{result="failed",source="xds"}"#
+            ),
             Some(2.0)
         );
         assert_eq!(sample(&text, "flowgate_config_version"), Some(2.0));

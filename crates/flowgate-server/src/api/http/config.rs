@@ -59,6 +59,13 @@ pub(crate) struct ConfigResponse<'a> {
     loaded_at_unix: u64,
     /// The files, one domain each (empty for the built-in policy).
     files: Vec<String>,
+    /// The `version_info` of the xDS management server's rules running (absent without
+    /// `--config-source`, or until its first version is applied).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    xds_version: Option<&'a str>,
+    /// The names of the xDS resources (`RateLimitConfig`) running, in the order sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    xds_resources: Option<Vec<&'a str>>,
     /// The domains, sorted.
     domains: Vec<&'a str>,
     /// Every rule that carries a limit.
@@ -126,6 +133,11 @@ pub(crate) async fn config(State(service): State<Arc<Service>>) -> Response {
             .iter()
             .map(|f| f.display().to_string())
             .collect(),
+        xds_version: policy.xds.as_ref().map(|x| x.version.as_str()),
+        xds_resources: policy
+            .xds
+            .as_ref()
+            .map(|x| x.resources.iter().map(|r| r.name.as_str()).collect()),
         domains,
         rules,
     };
