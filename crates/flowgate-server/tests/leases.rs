@@ -103,6 +103,13 @@ async fn unknown_limits_and_malformed_ids_get_problems() {
         assert_eq!(bad.status, 400, "{id}: {}", bad.body);
         assert!(bad.body.contains("32 hexadecimal digits"), "{}", bad.body);
     }
+    // A path that does not decode (not UTF-8 once percent-decoded) is a problem too.
+    let undecodable = server.post("/v1/leases/checkout/%FF", "").await;
+    assert_eq!(undecodable.status, 400, "{}", undecodable.body);
+    assert_eq!(
+        undecodable.header("content-type"),
+        Some("application/problem+json")
+    );
     let stranger = "0123456789abcdef0123456789abcdef";
     let gone = server
         .request("PUT", &format!("/v1/leases/checkout/k/{stranger}"), "")
@@ -138,6 +145,35 @@ fn bad_concurrency_sections_are_refused_with_every_problem() {
     }
 }
 
+/// docs/service.md's `concurrency` example is valid and says what docs/concurrency/payments.yaml
+/// (which its commands serve) says.
+#[test]
+fn the_documented_section_is_valid_and_matches_the_served_file() {
+    use flowgate_server::config::{Policy, Source};
+    let shown = flowgate_testing::docs::marked_yaml(
+        &flowgate_testing::docs::read("docs/service.md"),
+        "concurrency-yaml",
+    );
+    let load = |path: &str, text: String| {
+        Policy::from_sources(vec![Source {
+            path: path.into(),
+            text,
+        }])
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .concurrency
+    };
+    let served = load(
+        "docs/concurrency/payments.yaml",
+        flowgate_testing::docs::read("docs/concurrency/payments.yaml"),
+    );
+    assert_eq!(load("docs/service.md", shown), served);
+    let checkout = served["checkout"];
+    assert_eq!(
+        (checkout.terms.limit(), checkout.terms.ttl()),
+        (20, Duration::from_secs(30))
+    );
+}
+
 /// `method path` on `addr` over a fresh connection.
 fn call(addr: SocketAddr, method: &str, path: &str) -> HttpResponse {
     let raw = exchange_raw(
@@ -154,6 +190,9 @@ fn serve_on(redis: &RedisServer, config: &std::path::Path) -> Serving {
     Serving::start(
         Command::new(FLOWGATE)
             .args(["serve", "--redis", &redis.url()])
+            // A loaded test machine may take Redis past the 50 ms default: a timeout would be
+            // a 503, which this test is not about.
+            .args(["--redis-timeout", "5s"])
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .arg("--config")
             .arg(config)
@@ -201,9 +240,9 @@ fn two_instances_share_the_limit_and_a_killed_instances_leases_expire() {
     // again.
     let started = Instant::now();
     let held = loop {
-        let held = call(two.http, "GET", "/v1/leases/checkout/shared").json()["held"]
-            .as_u64()
-            .unwrap();
+        let answer = call(two.http, "GET", "/v1/leases/checkout/shared");
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let held = answer.json()["held"].as_u64().unwrap();
         if held == 0 || started.elapsed() > Duration::from_secs(10) {
             break held;
         }

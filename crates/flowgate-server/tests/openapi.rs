@@ -22,6 +22,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1, name: per_user}
   - key: free
     rate_limit: {unlimited: true}
+concurrency:
+  - name: jobs
+    limit: 1
 "#;
 
 /// A request to send (method, path, headers, body) and the status it must get.
@@ -37,8 +40,8 @@ fn operation<'a>(doc: &'a Value, method: &str, path: &str) -> (&'a str, &'a Valu
     (template.as_str(), op)
 }
 
-/// Whether `path` fits `template`; a last `{parameter}` takes the rest of the path (the
-/// admin descriptor spans segments).
+/// Whether `path` fits `template`; the admin descriptor (`{descriptor}`, last) takes the rest
+/// of the path: it spans segments.
 fn matches(template: &str, path: &str) -> bool {
     let (t, p): (Vec<&str>, Vec<&str>) = (template.split('/').collect(), path.split('/').collect());
     if p.len() < t.len() {
@@ -46,7 +49,7 @@ fn matches(template: &str, path: &str) -> bool {
     }
     for (i, part) in t.iter().enumerate() {
         let param = part.starts_with('{');
-        if param && i == t.len() - 1 {
+        if *part == "{descriptor}" && i == t.len() - 1 {
             return !p[i..].join("/").is_empty();
         }
         if !param && *part != p[i] {
@@ -72,6 +75,13 @@ fn validate(
         response.is_object(),
         "{what}: status not documented: {body}"
     );
+    if status == 204 {
+        assert!(
+            body.is_empty() && response.get("content").is_none(),
+            "{what}: a 204 has no content: {body}"
+        );
+        return format!("{method} {template}");
+    }
     let media = content_type.split(';').next().unwrap().trim();
     let content = response["content"]
         .as_object()
@@ -289,6 +299,40 @@ async fn every_response_of_the_running_server_matches_openapi_json() {
             &content_type,
             &response.body,
         ));
+    }
+    // Leases: the id the first answer gives is renewed and released.
+    let mut lease = |method: &'static str, path: String, status: u16| {
+        let server = &server;
+        let doc = &doc;
+        async move {
+            let response = server.request(method, &path, "").await;
+            assert_eq!(
+                response.status, status,
+                "{method} {path}: {}",
+                response.body
+            );
+            let content_type = response
+                .header("content-type")
+                .unwrap_or_default()
+                .to_owned();
+            let route = validate(doc, method, &path, status, &content_type, &response.body);
+            (route, response)
+        }
+    };
+    let (route, granted) = lease("POST", "/v1/leases/jobs/k".into(), 201).await;
+    covered.insert(route);
+    let id = granted.json()["lease"].as_str().unwrap().to_owned();
+    for (method, path, status) in [
+        ("POST", "/v1/leases/jobs/k".to_owned(), 429),
+        ("POST", "/v1/leases/nope/k".to_owned(), 404),
+        ("GET", "/v1/leases/jobs/k".to_owned(), 200),
+        ("PUT", format!("/v1/leases/jobs/k/{id}"), 200),
+        ("PUT", "/v1/leases/jobs/k/not-an-id".to_owned(), 400),
+        ("DELETE", format!("/v1/leases/jobs/k/{id}"), 204),
+        ("DELETE", format!("/v1/leases/jobs/k/{id}"), 404),
+        ("PUT", format!("/v1/leases/jobs/k/{id}"), 404),
+    ] {
+        covered.insert(lease(method, path, status).await.0);
     }
     // Bodies that are not declared JSON: 415 (sent raw, as the client above always says JSON).
     for path in ["/v1/check", "/json"] {

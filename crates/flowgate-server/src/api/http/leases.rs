@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -103,6 +104,12 @@ fn not_held() -> Problem {
     )
 }
 
+/// The path's parameters, or the 400 for a path that does not decode (bad percent-encoding).
+fn params<T>(path: Result<Path<T>, PathRejection>) -> Result<T, Problem> {
+    path.map(|Path(params)| params)
+        .map_err(|rejection| Problem::bad_request(rejection.body_text()))
+}
+
 fn lease_id(text: &str) -> Result<LeaseId, Problem> {
     text.parse()
         .map_err(|e: flowgate::lease::BadLeaseId| Problem::bad_request(e.to_string()))
@@ -119,6 +126,7 @@ fn lease_id(text: &str) -> Result<LeaseId, Problem> {
     ),
     responses(
         (status = 201, description = "The lease", body = LeaseView),
+        (status = 400, description = "The path does not decode (percent-encoding)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such limit", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 429, description = "Every slot is held; `Retry-After` says when the earliest lease expires", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "The store could not answer (`fail: closed`)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
@@ -126,10 +134,11 @@ fn lease_id(text: &str) -> Result<LeaseId, Problem> {
 )]
 pub(crate) async fn acquire(
     State(service): State<Arc<Service>>,
-    Path((name, key)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let limit = match limit(&service, &name) {
-        Ok(limit) => limit,
+    let found = params(path).and_then(|(name, key)| Ok((limit(&service, &name)?, name, key)));
+    let (limit, name, key) = match found {
+        Ok(found) => found,
         Err(problem) => return problem.into_response(),
     };
     let leases = service.backend().leases();
@@ -187,16 +196,18 @@ pub(crate) async fn acquire(
     ),
     responses(
         (status = 200, description = "Leases held", body = HeldView),
+        (status = 400, description = "The path does not decode (percent-encoding)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such limit", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "The store could not answer", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn held(
     State(service): State<Arc<Service>>,
-    Path((name, key)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let limit = match limit(&service, &name) {
-        Ok(limit) => limit,
+    let found = params(path).and_then(|(name, key)| Ok((limit(&service, &name)?, name, key)));
+    let (limit, name, key) = match found {
+        Ok(found) => found,
         Err(problem) => return problem.into_response(),
     };
     let leases = service.backend().leases();
@@ -224,16 +235,18 @@ pub(crate) async fn held(
     ),
     responses(
         (status = 200, description = "The lease, renewed", body = LeaseView),
-        (status = 400, description = "Not a lease id", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 400, description = "Not a lease id, or the path does not decode", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such limit, or the lease is not held (released or expired)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "The store could not answer", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn renew(
     State(service): State<Arc<Service>>,
-    Path((name, key, lease)): Path<(String, String, String)>,
+    path: Result<Path<(String, String, String)>, PathRejection>,
 ) -> Response {
-    let (limit, id) = match limit(&service, &name).and_then(|l| Ok((l, lease_id(&lease)?))) {
+    let found = params(path)
+        .and_then(|(name, key, lease)| Ok((limit(&service, &name)?, lease_id(&lease)?, name, key)));
+    let (limit, id, name, key) = match found {
         Ok(found) => found,
         Err(problem) => return problem.into_response(),
     };
@@ -269,17 +282,21 @@ pub(crate) async fn renew(
     ),
     responses(
         (status = 204, description = "Released"),
-        (status = 400, description = "Not a lease id", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 400, description = "Not a lease id, or the path does not decode", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such limit, or the lease is not held (released already or expired)", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "The store could not answer", body = super::super::openapi::ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn release(
     State(service): State<Arc<Service>>,
-    Path((name, key, lease)): Path<(String, String, String)>,
+    path: Result<Path<(String, String, String)>, PathRejection>,
 ) -> Response {
-    let id = match limit(&service, &name).and_then(|_| lease_id(&lease)) {
-        Ok(id) => id,
+    let found = params(path).and_then(|(name, key, lease)| {
+        limit(&service, &name)?;
+        Ok((lease_id(&lease)?, name, key))
+    });
+    let (id, name, key) = match found {
+        Ok(found) => found,
         Err(problem) => return problem.into_response(),
     };
     let leases = service.backend().leases();
