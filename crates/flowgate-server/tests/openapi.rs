@@ -301,7 +301,7 @@ async fn every_response_of_the_running_server_matches_openapi_json() {
         ));
     }
     // Leases: the id the first answer gives is renewed and released.
-    let mut lease = |method: &'static str, path: String, status: u16| {
+    let lease = |method: &'static str, path: String, status: u16| {
         let server = &server;
         let doc = &doc;
         async move {
