@@ -56,16 +56,16 @@ use std::time::Duration;
 pub const STEP: Duration = Duration::from_secs(10);
 
 /// How much later than a store's timeout a call may return in the fault tests (`faults.rs`,
-/// `partition.rs`): 25 ms — half their 50 ms timeout — or `FLOWGATE_FAULT_SLACK_MS`. What the
-/// tests prove is that no call waits for the unreachable store (that would take the whole
-/// outage, seconds); how precisely a shared 2-core machine fires a timer is not theirs to
-/// check (a call once returned 5.5 ms late under load, failing a 5 ms slack). The slowest call
-/// is printed.
+/// `partition.rs`): 250 ms — five times their 50 ms timeout — or `FLOWGATE_FAULT_SLACK_MS`.
+/// What the tests prove is that no call waits for the unreachable store (that would take the
+/// whole outage, seconds); how precisely a shared 2-core machine fires a timer is not theirs
+/// to check (calls returned 5.5 ms and, with builds running beside the tests, 66.8 ms late,
+/// failing 5 ms and 25 ms slacks). The slowest call is printed.
 pub fn fault_slack() -> Duration {
     Duration::from_millis(
         std::env::var("FLOWGATE_FAULT_SLACK_MS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(25),
+            .unwrap_or(250),
     )
 }
