@@ -135,6 +135,57 @@ async fn two_servers_sharing_one_redis_enforce_one_limit() {
     b.stop().await;
 }
 
+/// A token budget charged on one instance refuses the user on the other: the debt is in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_on_one_server_refuses_the_next_request_on_the_other() {
+    const BUDGET: &str = r#"
+domain: llm
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1000, charge: true}
+"#;
+    let Some(redis) = RedisServer::start("a_charge_on_one_server_refuses_on_the_other") else {
+        return;
+    };
+    let connect = || {
+        RedisStore::builder(redis.url())
+            .timeout(Duration::from_secs(2))
+            .connect()
+    };
+    let a = serve(BUDGET, connect().await.unwrap(), SharedOptions::default()).await;
+    let b = serve(BUDGET, connect().await.unwrap(), SharedOptions::default()).await;
+    let body = |hits: u64| {
+        format!(
+            r#"{{"domain":"llm","descriptors":[{{"entries":[{{"key":"user","value":"ann"}}],"hits_addend":{hits}}}]}}"#
+        )
+    };
+    // Before: b checks (0 units) and is allowed.
+    let before = b.post("/v1/check", &body(0)).await;
+    assert_eq!(before.status, 200, "{}", before.body);
+    // 5,000 tokens used, reported to a: taken into debt, answered OK.
+    let charged = a.post("/v1/check", &body(5000)).await;
+    assert_eq!(charged.status, 200, "{}", charged.body);
+    assert_eq!(charged.json()["descriptors"][0]["remaining"], 0);
+    // b refuses ann for the debt: 4,000 tokens at 1,000 a minute, 240 s.
+    let refused = b.post("/v1/check", &body(0)).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    let retry = refused.json()["descriptors"][0]["retry_after_ms"]
+        .as_u64()
+        .unwrap();
+    assert!((239_000..=240_000).contains(&retry), "{retry}");
+    assert_eq!(refused.header("flowgate-fallback"), None);
+    // Another user is not affected.
+    let other = b
+        .post(
+            "/v1/check",
+            r#"{"domain":"llm","descriptors":[{"entries":[{"key":"user","value":"bob"}],"hits_addend":0}]}"#,
+        )
+        .await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    a.stop().await;
+    b.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_outage_follows_each_rules_fail_mode_and_recovers() {
     let Some(mut redis) =
