@@ -470,17 +470,34 @@ async fn a_domain_from_a_file_and_from_xds_is_refused_and_both_sources_combine()
     server.stop().await;
 }
 
+/// The binary, run with the command docs/service.md shows (its management server's address
+/// replaced by the test's), plus settings from the environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_reads_its_xds_settings_from_flags_and_the_environment() {
     let mut management = Management::start().await;
     let addr = management.addr;
+    let doc = flowgate_testing::docs::read("docs/service.md");
+    let shown = doc
+        .lines()
+        .find(|l| l.starts_with("flowgate serve --config-source xds://"))
+        .expect("docs/service.md shows the xDS command");
+    let args: Vec<String> = shown
+        .replace("127.0.0.1:18000", &addr.to_string())
+        .split_whitespace()
+        .skip(1)
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        args.iter().any(|a| a.contains(&addr.to_string())),
+        "{shown}"
+    );
     let serving = tokio::task::spawn_blocking(move || {
         Serving::start(
             std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"))
-                .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+                .args(&args)
                 .args(["--xds-node-metadata", "zone=b,rack=7"])
-                .env("FLOWGATE_CONFIG_SOURCE", format!("xds://{addr}"))
-                .env("FLOWGATE_XDS_NODE_ID", "edge-1")
+                .env("FLOWGATE_HTTP", "127.0.0.1:0")
+                .env("FLOWGATE_GRPC", "127.0.0.1:0")
                 .env("FLOWGATE_XDS_BACKOFF_INITIAL", "50ms"),
         )
     })
