@@ -10,6 +10,8 @@
 //! * Answers are rendered by [`answer`](crate::answer), the one renderer shared with the
 //!   gateway and the service: the `RateLimit-Policy` / `RateLimit` fields, `Retry-After`, the
 //!   fallback marker, RFC 9457 problem bodies or gRPC statuses.
+//! * [`InFlightLayer`]: at most N requests in flight per key, each holding a
+//!   [lease](crate::lease) until its response body ends (memory, or shared through Redis).
 //! * [`key`]: peer IP, client IP behind trusted proxies, header, JWT claim, route, composites.
 //! * [`outbound`]: a client-side layer that waits its turn (FIFO, bounded delay) and honours
 //!   an upstream's `Retry-After`.
@@ -105,6 +107,7 @@ mod body;
 mod decide;
 mod error;
 mod future;
+mod in_flight;
 pub mod key;
 mod layer;
 mod limits;
@@ -115,6 +118,7 @@ mod stats;
 pub use body::ResponseBody;
 pub use error::LimitsError;
 pub use future::ResponseFuture;
+pub use in_flight::{InFlight, InFlightFuture, InFlightLayer, LeasedBody};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use limits::{Limit, Limits};
 pub use service::RateLimitService;

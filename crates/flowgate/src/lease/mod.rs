@@ -50,6 +50,20 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryLeases};
 
 use crate::store::{BoxFuture, StoreError};
 
+/// The store key of the concurrency limit `name`'s leases for `key`, in the
+/// [one key grammar](crate::store::key) (`lease:checkout|key=customer-42`): what the tower
+/// layer ([`InFlightLayer`](crate::http::InFlightLayer)) and the service's `/v1/leases` hold
+/// leases under.
+///
+/// ```
+/// assert_eq!(flowgate::lease::key("checkout", "a|b"), r"lease:checkout|key=a\|b");
+/// ```
+pub fn key(name: &str, key: &str) -> String {
+    let mut out = String::with_capacity(name.len() + key.len() + 12);
+    crate::store::key::KeyWriter::tagged(&mut out, "lease", name).field("key", key);
+    out
+}
+
 /// The most leases one key may hold at once.
 pub const MAX_LIMIT: u64 = 1_000_000;
 
@@ -200,6 +214,34 @@ pub trait Leases: Send + Sync {
 
     /// How many leases `key` holds now.
     fn held<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+}
+
+/// Leases shared behind an `Arc` (one table for a layer and the code that inspects it).
+impl<L: Leases + ?Sized> Leases for std::sync::Arc<L> {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        terms: &'a Terms,
+    ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
+        (**self).acquire(key, terms)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        id: LeaseId,
+        terms: &'a Terms,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).renew(key, id, terms)
+    }
+
+    fn release<'a>(&'a self, key: &'a str, id: LeaseId) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).release(key, id)
+    }
+
+    fn held<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        (**self).held(key)
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! ```text
 //! key    = origin *( "|" field ) [ "#" suffix ]
 //! origin = part                    ; an Envoy domain
-//!        / tag ":" part            ; another front end: tag is "http" or "ws"
+//!        / tag ":" part            ; another front end: tag is "http", "ws" or "lease"
 //! field  = part "=" part
 //! part   = text with "\" written before every "\", "|", "=", "#" (and, in the origin, ":")
 //! suffix = the quota ("gcra:100:60000000000:100"): algorithm, limit, period in ns, burst
@@ -19,6 +19,7 @@
 //! |---|---|
 //! | Envoy rules (`envoy::check`, the service) | `edge\|remote_address=10.0.0.1#gcra:5:1000000000:5` |
 //! | tower layer (`http::Limit`) | `http:per-ip\|key=10.0.0.1`, tiered: `http:plan\|tier=free\|key=ann` |
+//! | leases ([`lease::key`](crate::lease::key)) | `lease:checkout\|key=customer-42` |
 //! | WebSocket (`ws::WsLimiter`) | `ws:\|user=ann\|role=`, `ws:\|room=lobby`, `ws:\|room=lobby\|who=ann` (the part after `ws:` is the limiter's `key_prefix`) |
 //!
 //! A store may wrap the key further (Redis: `flowgate:{<key>}:<algorithm>`).

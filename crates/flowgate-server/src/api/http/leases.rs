@@ -22,7 +22,6 @@ use axum::response::{IntoResponse, Response};
 use flowgate::FailMode;
 use flowgate::lease::{Acquired, LeaseId};
 use flowgate::store::StoreError;
-use flowgate::store::key::KeyWriter;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -56,13 +55,6 @@ pub(crate) struct HeldView {
     held: u64,
     /// The most leases the key may hold at once.
     limit: u64,
-}
-
-/// The store key of `name`'s leases for `key`, in the one key grammar.
-fn store_key(name: &str, key: &str) -> String {
-    let mut out = String::with_capacity(name.len() + key.len() + 12);
-    KeyWriter::tagged(&mut out, "lease", name).field("key", key);
-    out
 }
 
 /// The running configuration's limit `name`, or the 404.
@@ -149,7 +141,10 @@ pub(crate) async fn acquire(
         limit: limit.terms.limit(),
         fallback,
     };
-    match leases.acquire(&store_key(&name, &key), &limit.terms).await {
+    match leases
+        .acquire(&flowgate::lease::key(&name, &key), &limit.terms)
+        .await
+    {
         Ok(Acquired::Granted {
             id,
             expires_in,
@@ -211,7 +206,7 @@ pub(crate) async fn held(
         Err(problem) => return problem.into_response(),
     };
     let leases = service.backend().leases();
-    match leases.held(&store_key(&name, &key)).await {
+    match leases.held(&flowgate::lease::key(&name, &key)).await {
         Ok(held) => json_response(
             StatusCode::OK,
             &HeldView {
@@ -252,7 +247,7 @@ pub(crate) async fn renew(
     };
     let leases = service.backend().leases();
     match leases
-        .renew(&store_key(&name, &key), id, &limit.terms)
+        .renew(&flowgate::lease::key(&name, &key), id, &limit.terms)
         .await
     {
         Ok(true) => json_response(
@@ -300,7 +295,7 @@ pub(crate) async fn release(
         Err(problem) => return problem.into_response(),
     };
     let leases = service.backend().leases();
-    match leases.release(&store_key(&name, &key), id).await {
+    match leases.release(&flowgate::lease::key(&name, &key), id).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => not_held().into_response(),
         Err(error) => store_problem(&error).into_response(),
