@@ -193,7 +193,7 @@ async fn a_store_away_fails_closed_by_default_or_open_when_asked() {
         )))
     });
     let key = || Header::new(http::HeaderName::from_static("x-api-key"));
-    let closed = InFlightLayer::new("n", Away, key(), terms).layer(inner.clone());
+    let closed = InFlightLayer::new("n", Away, key(), terms).layer(inner);
     let answer = closed.oneshot(request(Some("ann"))).await.unwrap();
     assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
     let open = InFlightLayer::new("n", Away, key(), terms)
