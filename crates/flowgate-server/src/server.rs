@@ -359,6 +359,19 @@ pub async fn run(
     result
 }
 
+/// SIGHUP as received since [`shutdown_signal`] was called, for the reload task to take (once).
+#[cfg(unix)]
+static EARLY_HANGUP: parking_lot::Mutex<Option<tokio::signal::unix::Signal>> =
+    parking_lot::Mutex::new(None);
+
+/// The SIGHUP stream [`shutdown_signal`] opened, holding every SIGHUP sent since (the reload
+/// task takes it, so that a SIGHUP sent right after `flowgate serving` is answered); `None`
+/// when it was not called (a server run in a test process) or was taken already.
+#[cfg(unix)]
+pub(crate) fn take_early_hangup() -> Option<tokio::signal::unix::Signal> {
+    EARLY_HANGUP.lock().take()
+}
+
 async fn reload_task(
     files: Vec<PathBuf>,
     target: Arc<dyn reload::Target>,
@@ -373,11 +386,15 @@ async fn reload_task(
 /// before announcing that the server serves). Also installs SIGHUP's handler, so that a SIGHUP
 /// that comes before the reload watcher listens does not kill the process either.
 pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    // (Also starts receiving SIGHUP, for the reload task: see `take_early_hangup`.)
     #[cfg(unix)]
     let term = {
         use tokio::signal::unix::{SignalKind, signal};
-        if let Err(e) = signal(SignalKind::hangup()) {
-            tracing::warn!("cannot handle SIGHUP: {e}");
+        match signal(SignalKind::hangup()) {
+            // Kept for the reload task, which starts later: a SIGHUP sent in between is
+            // neither fatal nor lost.
+            Ok(hangup) => *EARLY_HANGUP.lock() = Some(hangup),
+            Err(e) => tracing::warn!("cannot handle SIGHUP: {e}"),
         }
         signal(SignalKind::terminate())
     };

@@ -322,7 +322,9 @@ fn directories(paths: &[PathBuf]) -> Vec<PathBuf> {
 #[cfg(unix)]
 fn spawn_sighup(tx: mpsc::UnboundedSender<Trigger>) {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::hangup()) {
+    let hangup =
+        crate::server::take_early_hangup().map_or_else(|| signal(SignalKind::hangup()), Ok);
+    match hangup {
         Ok(mut hup) => {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
