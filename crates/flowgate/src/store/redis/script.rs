@@ -10,7 +10,7 @@
 use std::sync::OnceLock;
 
 use crate::algorithm::{FixedWindow, Gcra, LeakyBucket, MAX_CHARGE, SlidingWindow};
-use crate::clock::Nanos;
+use crate::clock::{Clock, Nanos, PreciseClock};
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 use crate::store::StoreError;
@@ -217,7 +217,20 @@ pub(super) fn args<'a>(
                 push_pair(&mut numbers, quota.tolerance_nanos());
                 numbers.push(expiry_bucket(quota.tolerance_nanos()));
             }
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+            Algorithm::FixedWindow => {
+                numbers.push(quota.limit());
+                match quota.window_calendar() {
+                    None => numbers.extend([quota.period_nanos() / 1000, 0, 0, 0, 0]),
+                    Some(calendar) => {
+                        // The previous, current and next periods around this host's clock: the
+                        // script picks the one containing its own (see fixed_window.lua).
+                        let near = now.unwrap_or_else(|| PreciseClock::new().now());
+                        numbers.push(0);
+                        numbers.extend(calendar.boundaries(near));
+                    }
+                }
+            }
+            Algorithm::SlidingWindow => {
                 numbers.push(quota.limit());
                 numbers.push(quota.period_nanos() / 1000);
             }
@@ -292,6 +305,7 @@ pub(super) fn decide(
         1 => true,
         0 => false,
         -1 => return Err(foreign(key)),
+        -2 => return Err(calendar_skew(key, now)),
         _ => return Err(malformed()),
     };
     let decision = match (quota.algorithm(), state) {
@@ -358,6 +372,15 @@ fn log_decision(
         let retry = (join(retry.0, retry.1)? + period).saturating_sub(now);
         Ok(Decision::deny(quota, remaining, reset, retry))
     }
+}
+
+/// The Redis server's clock fell outside the calendar periods the client passed: it is more
+/// than a whole period away from this host's.
+pub(super) fn calendar_skew(key: &str, now: Nanos) -> StoreError {
+    StoreError::Backend(format!(
+        "the Redis server's clock ({} s since the epoch) is more than a calendar period away from this host's; `{key}` was not counted",
+        now / 1_000_000_000
+    ))
 }
 
 /// A key holding a value the scripts did not write.
