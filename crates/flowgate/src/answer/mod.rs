@@ -690,7 +690,10 @@ mod tests {
         let now = 1_834_444_800_500_000_000;
         let mut state = FixedWindow::default();
         let taken = state.check(&quota, 10_000, now);
-        assert_eq!(taken.reset_after, Duration::from_millis(12 * 86_400_000 - 500));
+        assert_eq!(
+            taken.reset_after,
+            Duration::from_millis(12 * 86_400_000 - 500)
+        );
         let denied = Ok(state.check(&quota, 1, now));
         let item = policy_item_value("monthly", &quota);
         let a = Answer::new([LimitReport::new("monthly", &item, true, &denied)], true);
