@@ -95,3 +95,28 @@ async fn a_calendar_month_resets_at_midnight_on_the_first_in_its_zone() {
     assert_eq!(rule["unit"], "month");
     server.stop().await;
 }
+
+/// docs/service.md's calendar example is a configuration the service runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_calendar_example_runs() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/service.md"
+    ))
+    .unwrap();
+    let yaml = doc
+        .split("```yaml\n# calendar.yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the example");
+    let server = TestServer::start(&[("calendar.yaml", yaml)]).await;
+    let config = server.get("/v1/config").await.json();
+    let calendars: Vec<&str> = config["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["calendar"].as_str())
+        .collect();
+    assert_eq!(calendars, ["month@Europe/Berlin", "day@UTC"]);
+    server.stop().await;
+}
