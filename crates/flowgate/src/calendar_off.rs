@@ -7,7 +7,7 @@ use crate::clock::Nanos;
 
 /// No calendar can exist without the `calendar` feature.
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub enum Calendar {}
+pub(crate) enum Calendar {}
 
 impl Calendar {
     /// See `calendar::Calendar::bounds`.
