@@ -60,7 +60,24 @@ enum Op {
     Reset,
 }
 
-fn quota_strategy() -> impl Strategy<Value = Quota> {
+fn quota_strategy() -> BoxedStrategy<Quota> {
+    #[cfg(feature = "calendar")]
+    {
+        // Calendar windows: the script picks the period containing its time among those the
+        // client passed, across daylight-saving days and month lengths.
+        use flowgate::calendar::{Calendar, CalendarUnit};
+        let zone = prop::sample::select(vec!["UTC", "Europe/Berlin", "Pacific/Chatham"]);
+        let unit = prop::sample::select(CalendarUnit::ALL.to_vec());
+        let calendar = (unit, zone, 1u64..=20).prop_map(|(unit, zone, limit)| {
+            Quota::per_calendar(limit, Calendar::new(unit, zone).unwrap()).unwrap()
+        });
+        prop_oneof![6 => periodic_quota_strategy(), 1 => calendar].boxed()
+    }
+    #[cfg(not(feature = "calendar"))]
+    periodic_quota_strategy().boxed()
+}
+
+fn periodic_quota_strategy() -> impl Strategy<Value = Quota> {
     let algorithm = prop::sample::select(Algorithm::ALL.to_vec());
     // Small limits and short periods exercise the arithmetic; huge ones the exact big-number
     // paths (the sliding window's limbs, pairs beyond 2^53 ns).
