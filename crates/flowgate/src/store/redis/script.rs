@@ -420,6 +420,42 @@ mod tests {
         }
     }
 
+    /// A server clock outside the calendar periods the client passed is reported (status
+    /// -2), counts nothing, and becomes an error naming the skew.
+    #[cfg(feature = "calendar")]
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_server_clock_outside_the_passed_periods_is_reported_not_counted() {
+        use crate::calendar::{Calendar, CalendarUnit};
+        let Some(server) = flowgate_testing::redis::RedisServer::start("calendar_skew") else {
+            return;
+        };
+        let quota = Quota::per_calendar(5, Calendar::utc(CalendarUnit::Day)).unwrap();
+        // Periods around 2001-09-09, while the server's TIME is today: a skew of decades.
+        let long_ago = 1_000_000_000 * 1_000_000_000;
+        let mut args = args(Some(long_ago), Mode::Check, std::iter::once((&quota, 1)));
+        args.header[0].clear();
+        args.header[1].clear();
+        let mut conn = server.connection();
+        let reply: Vec<i64> = redis::cmd("EVAL")
+            .arg(&script(Algorithm::FixedWindow).source)
+            .arg(1)
+            .arg("skewed")
+            .arg(&args.header)
+            .arg(&args.numbers)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(reply[2..], [-2, 0, 0]);
+        let exists: i64 = redis::cmd("EXISTS").arg("skewed").query(&mut conn).unwrap();
+        assert_eq!(exists, 0);
+        let now = reply_now(&reply).unwrap();
+        let err = decide("skewed", (&quota, 1, false), now, &reply[2..]).unwrap_err();
+        assert!(
+            err.to_string().contains("more than a calendar period away"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn scripts_are_distinct_and_stable() {
         let shas: Vec<_> = Algorithm::ALL.iter().map(|&a| &script(a).sha).collect();
