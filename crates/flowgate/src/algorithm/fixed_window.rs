@@ -26,7 +26,7 @@ pub struct FixedWindow {
 
 /// The key of the window containing `now` under `quota`.
 #[inline]
-pub(crate) fn window_of(quota: &Quota, now: Nanos) -> u64 {
+fn window_of(quota: &Quota, now: Nanos) -> u64 {
     match quota.window_calendar() {
         None => now / quota.period_nanos(),
         Some(calendar) => calendar.bounds(now).0,
