@@ -32,7 +32,12 @@ struct RawTrace {
     name: String,
     algorithms: Vec<String>,
     limit: u64,
-    period: String,
+    /// The period; absent for a calendar quota.
+    period: Option<String>,
+    /// A calendar quota: `day`, `week`, `month` or `year` (then `period` is absent).
+    calendar: Option<String>,
+    /// The calendar's IANA time zone (default `UTC`).
+    time_zone: Option<String>,
     burst: Option<u64>,
     start: Option<String>,
     /// Check that the allowed steps never exceed `limit` units in any window of `period`.
@@ -113,7 +118,7 @@ pub enum Expected {
     CapacityError,
 }
 
-/// Parses `"<n><unit>"` (unit ns, us, ms, s, m, h; `n` may have a fraction and a sign) into
+/// Parses `"<n><unit>"` (unit ns, us, ms, s, m, h, d; `n` may have a fraction and a sign) into
 /// nanoseconds. `"0"` is zero.
 pub fn parse_duration(text: &str) -> i64 {
     let (sign, rest) = match text.strip_prefix('-') {
@@ -134,6 +139,7 @@ pub fn parse_duration(text: &str) -> i64 {
         "s" => 1_000_000_000,
         "m" => 60_000_000_000,
         "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
         other => panic!("duration {text:?} has unknown unit {other:?}"),
     };
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
@@ -188,6 +194,35 @@ fn parse_step(raw: &[toml::Value], trace: &str) -> Step {
     Step { at, op }
 }
 
+/// A trace's quota (before its algorithm and burst are applied).
+fn quota(raw: &RawTrace) -> Quota {
+    match (&raw.period, &raw.calendar) {
+        (Some(period), None) => {
+            let period = Duration::from_nanos(parse_duration(period) as u64);
+            Quota::new(raw.limit, period).expect("valid quota")
+        }
+        (None, Some(unit)) => {
+            use flowgate::calendar::Calendar;
+            let unit = unit.parse().expect("calendar unit");
+            let zone = raw.time_zone.as_deref().unwrap_or("UTC");
+            let calendar = Calendar::new(unit, zone).expect("time zone");
+            Quota::per_calendar(raw.limit, calendar).expect("valid quota")
+        }
+        _ => panic!("{}: give either `period` or `calendar`", raw.name),
+    }
+}
+
+/// A trace's `start`: an RFC 3339 instant (`2028-02-01T00:00:00Z`) or a duration since the
+/// epoch.
+fn parse_start(text: &str) -> Nanos {
+    if text.contains('T') {
+        let t: jiff::Timestamp = text.parse().expect("RFC 3339 start");
+        u64::try_from(t.as_nanosecond()).expect("start after the epoch")
+    } else {
+        parse_duration(text) as Nanos
+    }
+}
+
 /// Every trace in the table, expanded to one per algorithm it lists.
 pub fn traces() -> Vec<Trace> {
     let table: Table = toml::from_str(TABLE).expect("conformance table parses");
@@ -195,18 +230,11 @@ pub fn traces() -> Vec<Trace> {
     for raw in &table.trace {
         for algorithm in &raw.algorithms {
             let algorithm: Algorithm = algorithm.parse().expect("algorithm name");
-            let period = Duration::from_nanos(parse_duration(&raw.period) as u64);
-            let mut quota = Quota::new(raw.limit, period)
-                .expect("valid quota")
-                .with_algorithm(algorithm)
-                .expect("valid quota");
+            let mut quota = quota(raw).with_algorithm(algorithm).expect("valid quota");
             if let Some(burst) = raw.burst {
                 quota = quota.with_burst(burst).expect("valid burst");
             }
-            let start = raw
-                .start
-                .as_deref()
-                .map_or(DEFAULT_START, |s| parse_duration(s) as Nanos);
+            let start = raw.start.as_deref().map_or(DEFAULT_START, parse_start);
             let name = format!("{} [{algorithm}]", raw.name);
             let steps = raw.steps.iter().map(|s| parse_step(s, &name)).collect();
             traces.push(Trace {

@@ -61,6 +61,12 @@ pub mod algorithm;
 #[cfg(feature = "answer")]
 #[cfg_attr(docsrs, doc(cfg(feature = "answer")))]
 pub mod answer;
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
+pub mod calendar;
+#[cfg(not(feature = "calendar"))]
+#[path = "calendar_off.rs"]
+mod calendar;
 pub mod clock;
 pub mod decision;
 #[cfg(feature = "envoy")]

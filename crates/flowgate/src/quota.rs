@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::calendar::Calendar;
 use crate::clock::Nanos;
 
 /// `d` in nanoseconds, saturating (a `const` form of [`crate::clock::nanos`]).
@@ -40,7 +41,9 @@ pub enum Algorithm {
     /// at `limit / period`; a request that would overflow `burst` is denied. For queueing
     /// instead of denying, see the shaper in [`crate::local`].
     LeakyBucket,
-    /// At most `limit` units per window of `period`, windows aligned to the Unix epoch.
+    /// At most `limit` units per window of `period`, windows aligned to the Unix epoch — or,
+    /// for a calendar quota (`Quota::per_calendar`, feature `calendar`), per calendar day,
+    /// week, month or year in a time zone.
     FixedWindow,
     /// The current window's count plus the previous window's, weighted by how much of it still
     /// overlaps the sliding window (Cloudflare's sliding-window counter).
@@ -139,6 +142,12 @@ pub enum QuotaError {
         /// The window algorithm.
         algorithm: Algorithm,
     },
+    /// Calendar periods are windows: only `fixed_window` enforces them.
+    #[error("a calendar quota is a fixed window; {algorithm} cannot enforce calendar periods")]
+    CalendarNeedsFixedWindow {
+        /// The algorithm asked for.
+        algorithm: Algorithm,
+    },
     /// `sliding_window` keeps its counts in 32 bits.
     #[error("sliding_window supports limits up to {max}, got {limit}")]
     LimitTooLarge {
@@ -190,13 +199,63 @@ pub struct Quota {
     /// `⌊(2^64 − 1) / interval⌋`, so whole units in a span are a multiplication, not a
     /// division (a 64-bit divide costs more than the rest of a check).
     interval_reciprocal: u64,
+    /// For a calendar quota, the calendar whose periods are the windows (`period` is then the
+    /// unit's nominal length); `None` for windows of `period` aligned to the Unix epoch.
+    calendar: Option<&'static Calendar>,
 }
 
 impl Quota {
     /// `limit` units per `period`, burst `limit`, algorithm [`Algorithm::Gcra`]. Fails for a
     /// zero limit or period, more than one unit per nanosecond, or a period over 73 years.
     pub const fn new(limit: u64, period: Duration) -> Result<Self, QuotaError> {
-        Self::build(limit, duration_nanos(period), limit, Algorithm::Gcra)
+        Self::build(limit, duration_nanos(period), limit, Algorithm::Gcra, None)
+    }
+
+    /// `limit` units per period of `calendar` (per calendar day, ISO week, month or year in a
+    /// time zone), enforced as a [fixed window](Algorithm::FixedWindow) whose windows are the
+    /// calendar's periods: the count starts again at each local midnight that begins a period.
+    ///
+    /// ```
+    /// use flowgate::calendar::{Calendar, CalendarUnit};
+    /// use flowgate::Quota;
+    ///
+    /// let quota = Quota::per_calendar(10_000, Calendar::utc(CalendarUnit::Month))?;
+    /// assert_eq!(quota.limit(), 10_000);
+    /// assert_eq!(quota.calendar().unwrap().to_string(), "month@UTC");
+    /// # Ok::<(), flowgate::QuotaError>(())
+    /// ```
+    #[cfg(feature = "calendar")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
+    pub fn per_calendar(limit: u64, calendar: &'static Calendar) -> Result<Self, QuotaError> {
+        let period = calendar.unit().nominal_seconds() * 1_000_000_000;
+        Self::build(limit, period, limit, Algorithm::FixedWindow, Some(calendar))
+    }
+
+    /// The calendar whose periods are this quota's windows, if it is a calendar quota
+    /// ([`Quota::per_calendar`]).
+    #[cfg(feature = "calendar")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
+    #[inline]
+    pub fn calendar(&self) -> Option<&'static Calendar> {
+        self.calendar
+    }
+
+    /// The calendar of a calendar quota, whatever the features (an uninhabited type without
+    /// `calendar`).
+    #[inline]
+    pub(crate) fn window_calendar(&self) -> Option<&'static Calendar> {
+        self.calendar
+    }
+
+    /// The same quota with another limit (and, for the bucket algorithms, burst): same period
+    /// or calendar, same algorithm.
+    pub fn with_limit(self, limit: u64, burst: u64) -> Result<Self, QuotaError> {
+        let burst = if self.algorithm.has_burst() {
+            burst
+        } else {
+            limit
+        };
+        Self::build(limit, self.period, burst, self.algorithm, self.calendar)
     }
 
     /// `limit` per second (burst `limit`, GCRA).
@@ -235,7 +294,7 @@ impl Quota {
 
     /// `limit` per `seconds`, panicking on an invalid quota.
     const fn per(limit: u64, seconds: u64) -> Self {
-        match Self::build(limit, seconds * 1_000_000_000, limit, Algorithm::Gcra) {
+        match Self::build(limit, seconds * 1_000_000_000, limit, Algorithm::Gcra, None) {
             Ok(quota) => quota,
             Err(QuotaError::ZeroLimit) => {
                 panic!("a quota's limit must be at least 1 (to deny everything, deny)")
@@ -247,7 +306,13 @@ impl Quota {
     /// The same quota with a different burst (capacity). Only GCRA and the leaky bucket have a
     /// burst separate from the limit.
     pub fn with_burst(self, burst: u64) -> Result<Self, QuotaError> {
-        Self::build(self.limit, self.period, burst, self.algorithm)
+        Self::build(
+            self.limit,
+            self.period,
+            burst,
+            self.algorithm,
+            self.calendar,
+        )
     }
 
     /// The same quota enforced by another algorithm. Switching to a window algorithm resets the
@@ -258,7 +323,7 @@ impl Quota {
         } else {
             self.limit
         };
-        Self::build(self.limit, self.period, burst, algorithm)
+        Self::build(self.limit, self.period, burst, algorithm, self.calendar)
     }
 
     const fn build(
@@ -266,7 +331,11 @@ impl Quota {
         period: Nanos,
         burst: u64,
         algorithm: Algorithm,
+        calendar: Option<&'static Calendar>,
     ) -> Result<Self, QuotaError> {
+        if calendar.is_some() && !matches!(algorithm, Algorithm::FixedWindow) {
+            return Err(QuotaError::CalendarNeedsFixedWindow { algorithm });
+        }
         if limit == 0 {
             return Err(QuotaError::ZeroLimit);
         }
@@ -307,6 +376,7 @@ impl Quota {
             interval,
             tolerance,
             interval_reciprocal: u64::MAX / interval,
+            calendar,
         })
     }
 

@@ -42,6 +42,10 @@ fn the_table_covers_every_algorithm_and_the_required_cases() {
         "never exceeds its limit in any window",
         "refund",
         "charge past the limit",
+        "29-day February",
+        "spring daylight-saving change",
+        "autumn daylight-saving change",
+        "ISO weeks start on Monday",
     ] {
         assert!(
             names.iter().any(|n| n.contains(case)),

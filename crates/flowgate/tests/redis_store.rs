@@ -60,7 +60,24 @@ enum Op {
     Reset,
 }
 
-fn quota_strategy() -> impl Strategy<Value = Quota> {
+fn quota_strategy() -> BoxedStrategy<Quota> {
+    #[cfg(feature = "calendar")]
+    {
+        // Calendar windows: the script picks the period containing its time among those the
+        // client passed, across daylight-saving days and month lengths.
+        use flowgate::calendar::{Calendar, CalendarUnit};
+        let zone = prop::sample::select(vec!["UTC", "Europe/Berlin", "Pacific/Chatham"]);
+        let unit = prop::sample::select(CalendarUnit::ALL.to_vec());
+        let calendar = (unit, zone, 1u64..=20).prop_map(|(unit, zone, limit)| {
+            Quota::per_calendar(limit, Calendar::new(unit, zone).unwrap()).unwrap()
+        });
+        prop_oneof![6 => periodic_quota_strategy(), 1 => calendar].boxed()
+    }
+    #[cfg(not(feature = "calendar"))]
+    periodic_quota_strategy().boxed()
+}
+
+fn periodic_quota_strategy() -> impl Strategy<Value = Quota> {
     let algorithm = prop::sample::select(Algorithm::ALL.to_vec());
     // Small limits and short periods exercise the arithmetic; huge ones the exact big-number
     // paths (the sliding window's limbs, pairs beyond 2^53 ns).
@@ -636,4 +653,54 @@ async fn values_in_the_text_format_of_earlier_builds_are_decided_on() {
         value.starts_with(&format!("{:x} ", window + 1)),
         "{value:?}"
     );
+}
+
+/// A calendar month on the Redis server's own clock (`TIME`): the client passes the periods
+/// around its clock, the script picks the one containing the server's time, and `reset_after`
+/// runs to midnight on the 1st in the quota's zone.
+#[cfg(feature = "calendar")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calendar_month_on_the_servers_clock_resets_on_the_first() {
+    use flowgate::calendar::{Calendar, CalendarUnit};
+    let Some(server) = RedisServer::start("a_calendar_month_on_the_servers_clock") else {
+        return;
+    };
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let month = Calendar::new(CalendarUnit::Month, "Pacific/Auckland").unwrap();
+    let quota = Quota::per_calendar(3, month).unwrap();
+    let d = store
+        .check(Ask::new("month", &quota).cost(3))
+        .await
+        .unwrap();
+    assert!(d.allowed);
+    let d = store.check(Ask::new("month", &quota)).await.unwrap();
+    assert!(!d.allowed);
+    let now = jiff::Timestamp::now();
+    let (_, end) = month.window(now);
+    let expected = Duration::from_nanos((end.as_nanosecond() - now.as_nanosecond()) as u64);
+    let gap = d.reset_after.abs_diff(expected);
+    assert!(
+        gap < Duration::from_secs(2),
+        "{:?} vs {expected:?}",
+        d.reset_after
+    );
+    assert_eq!(d.retry_after, d.reset_after);
+    // The key expires when the month does.
+    let mut redis = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = store.redis_key("month", Algorithm::FixedWindow);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(ttl as u64);
+    assert!(ttl.abs_diff(expected) < Duration::from_secs(2), "{ttl:?}");
 }

@@ -678,6 +678,36 @@ mod tests {
         assert_eq!(a.violated(), ["a", "b"]);
     }
 
+    /// A calendar month that renews in 12 days: `t` and `Retry-After` in whole seconds
+    /// rounded up (a million and more), `w` the month's nominal 30 days.
+    #[cfg(feature = "calendar")]
+    #[test]
+    fn a_quota_that_renews_in_twelve_days() {
+        use crate::algorithm::{FixedWindow, State};
+        use crate::calendar::{Calendar, CalendarUnit};
+        let quota = Quota::per_calendar(10_000, Calendar::utc(CalendarUnit::Month)).unwrap();
+        // 2028-02-18T00:00:00.5Z: 12 days less half a second to 1 March.
+        let now = 1_834_444_800_500_000_000;
+        let mut state = FixedWindow::default();
+        let taken = state.check(&quota, 10_000, now);
+        assert_eq!(
+            taken.reset_after,
+            Duration::from_millis(12 * 86_400_000 - 500)
+        );
+        let denied = Ok(state.check(&quota, 1, now));
+        let item = policy_item_value("monthly", &quota);
+        let a = Answer::new([LimitReport::new("monthly", &item, true, &denied)], true);
+        assert_eq!(a.kind(), AnswerKind::Limited);
+        assert_eq!(a.retry_after_secs(), Some(1_036_800));
+        assert_eq!(a.header("retry-after").unwrap(), "1036800");
+        assert_eq!(a.header("ratelimit").unwrap(), r#""monthly";r=0;t=1036800"#);
+        assert_eq!(
+            a.header("ratelimit-policy").unwrap(),
+            r#""monthly";q=10000;w=2592000"#
+        );
+        assert_eq!(a.header("x-ratelimit-reset").unwrap(), "1036800");
+    }
+
     #[test]
     fn blocklists_are_reported_as_a_quota_of_zero() {
         let item = headers::blocked_policy_item_value("banned", Duration::from_secs(60));

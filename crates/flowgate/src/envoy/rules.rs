@@ -293,8 +293,8 @@ impl Level {
     }
 }
 
-/// The end of a counter key (after its `#`): the quota's algorithm, limit, period and burst,
-/// so a counter is only ever used with one quota.
+/// The end of a counter key (after its `#`): the quota's algorithm, limit, period and burst
+/// (and calendar, for a calendar quota), so a counter is only ever used with one quota.
 pub(crate) fn quota_suffix(quota: &Quota) -> String {
     let mut suffix = String::with_capacity(40);
     // Writing to a String cannot fail.
@@ -306,6 +306,10 @@ pub(crate) fn quota_suffix(quota: &Quota) -> String {
         quota.period_nanos(),
         quota.burst()
     );
+    // A calendar's windows are keyed otherwise than a period's: never share a counter.
+    if let Some(calendar) = quota.window_calendar() {
+        let _ = write!(suffix, ":{calendar}");
+    }
     suffix
 }
 

@@ -183,7 +183,7 @@ impl Wide for LeakyBucket {
 impl Wide for FixedWindow {
     #[inline]
     fn to_wide(self) -> (u64, u64) {
-        // window = now / period < 2^63.
+        // window = now / period (or a calendar period's start in seconds) < 2^63.
         (self.window, self.count)
     }
     #[inline]

@@ -404,24 +404,15 @@ impl<S: Store, C: Clock + Clone> FallbackStore<S, C> {
     }
 }
 
-/// `quota` divided among `instances`: limit and burst divided (at least 1), same period and
-/// algorithm. A quota that cannot be divided (it would break a validation rule) is kept whole.
+/// `quota` divided among `instances`: limit and burst divided (at least 1), same period (or
+/// calendar) and algorithm. A quota that cannot be divided (it would break a validation rule) is kept whole.
 pub fn local_share(quota: &Quota, instances: u64) -> Quota {
     if instances <= 1 {
         return *quota;
     }
     let limit = (quota.limit() / instances).max(1);
     let burst = (quota.burst() / instances).max(1);
-    Quota::new(limit, quota.period())
-        .and_then(|q| q.with_algorithm(quota.algorithm()))
-        .and_then(|q| {
-            if quota.algorithm().has_burst() {
-                q.with_burst(burst)
-            } else {
-                Ok(q)
-            }
-        })
-        .unwrap_or(*quota)
+    quota.with_limit(limit, burst).unwrap_or(*quota)
 }
 
 impl<S: Store, C: Clock + Clone> Store for FallbackStore<S, C> {

@@ -27,6 +27,10 @@ struct RuleView<'a> {
     unit: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     period_ms: Option<u64>,
+    /// A calendar quota's period and zone, e.g. `month@Europe/Berlin`: its windows renew at
+    /// local midnight (`period_ms` is then the unit's nominal length).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    calendar: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     algorithm: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,6 +105,10 @@ pub(crate) async fn config(State(service): State<Arc<Service>>) -> Response {
                 requests_per_unit: rule.rate.limit(),
                 unit: period.and_then(Unit::from_period).map(Unit::name),
                 period_ms: period.map(millis),
+                calendar: match rule.rate {
+                    Rate::Limited(q) => q.calendar().map(ToString::to_string),
+                    _ => None,
+                },
                 algorithm,
                 burst,
                 shadow_mode: rule.shadow_mode,

@@ -393,6 +393,51 @@ descriptors:
     /// Every problem of a file at once — unknown fields do not stop the reading, a wrong type
     /// names its field — across the rules and both sections, in the file's order.
     #[test]
+    fn calendar_quotas_and_their_errors() {
+        let domain = parse(
+            Path::new("f.yaml"),
+            "domain: api\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: month, requests_per_unit: 10000, calendar: true, time_zone: Europe/Berlin}\n  - key: ip\n    rate_limit: {unit: DAY, requests_per_unit: 5, calendar: true}\n",
+            &mut Vec::new(),
+        )
+        .unwrap()
+        .domain;
+        let quota = |i: usize| match domain.descriptors[i].limit.as_ref().unwrap().rate {
+            Rate::Limited(q) => q,
+            ref other => panic!("{other:?}"),
+        };
+        assert_eq!(quota(0).algorithm(), Algorithm::FixedWindow);
+        assert_eq!(
+            quota(0).calendar().unwrap().to_string(),
+            "month@Europe/Berlin"
+        );
+        assert_eq!(quota(1).calendar().unwrap().to_string(), "day@UTC");
+        let text = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: month, requests_per_unit: 5, calendar: true, time_zone: Europe/Berlim}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 5, calendar: true}
+  - key: c
+    rate_limit: {period: 90s, requests_per_unit: 5, calendar: true}
+  - key: d
+    rate_limit: {unit: day, requests_per_unit: 5, time_zone: UTC}
+  - key: e
+    rate_limit: {unit: day, requests_per_unit: 5, calendar: true, algorithm: gcra}
+";
+        assert_eq!(
+            errors(text),
+            [
+                "f.yaml:4:80: `rate_limit.time_zone`: unknown time zone `Europe/Berlim`; expected an IANA name such as `UTC` or `Europe/Berlin`",
+                "f.yaml:6:64: `rate_limit.calendar`: `minute` has no calendar period; calendar quotas are per day, week, month or year",
+                "f.yaml:8:63: `rate_limit.calendar`: needs `unit: day|week|month|year`, not a `period`",
+                "f.yaml:10:62: `rate_limit.time_zone`: applies to calendar quotas only; add `calendar: true`",
+                "f.yaml:12:78: `rate_limit.algorithm`: a calendar quota is a fixed window; gcra cannot enforce calendar periods",
+            ]
+        );
+    }
+
+    #[test]
     fn every_problem_of_a_file_is_listed_at_once() {
         let text = "\
 domain: d

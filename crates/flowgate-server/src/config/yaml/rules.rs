@@ -1,8 +1,9 @@
 //! `descriptors` and their `rate_limit` blocks: envoyproxy/ratelimit's fields and Flowgate's
-//! extensions (`algorithm`, `burst`, `period`, `fail`, `charge`).
+//! extensions (`algorithm`, `burst`, `period`, `fail`, `charge`, `calendar`, `time_zone`).
 
 use std::path::Path;
 
+use flowgate::calendar::{Calendar, CalendarUnit};
 use flowgate::envoy::{LimitSpec, MetaValue, Metadata, Rate, RuleSpec, Unit};
 use flowgate::settings::parse_duration;
 use flowgate::{Algorithm, FailMode, Quota, QuotaError};
@@ -166,6 +167,13 @@ struct RateLimitYaml {
     /// `apply_on_stream_done`): always taken, into debt past the limit.
     #[serde(default)]
     charge: Option<Spanned<bool>>,
+    /// Extension: `unit` is a calendar period (day, week, month, year) renewed at local
+    /// midnight, not a duration since the epoch: a calendar quota (a fixed window).
+    #[serde(default)]
+    calendar: Option<Spanned<bool>>,
+    /// Extension: the IANA zone of a calendar quota's midnights (default `UTC`).
+    #[serde(default)]
+    time_zone: Option<Spanned<String>>,
 }
 
 /// One entry of `replaces`.
@@ -239,6 +247,54 @@ pub(super) fn convert_all(
     rules
 }
 
+/// The calendar of a block with `calendar: true`: its `unit` in its `time_zone` (default UTC).
+/// Reports `calendar` without a calendar unit (second, minute, hour, or a `period`), an unknown
+/// zone, and `time_zone` without `calendar: true`.
+fn calendar(
+    r: &RateLimitYaml,
+    unit: Option<Unit>,
+    error: &mut impl FnMut((u64, u64), &str, String),
+) -> Option<&'static Calendar> {
+    let on = r.calendar.as_ref().filter(|c| c.value);
+    let Some(on) = on else {
+        if let Some(zone) = &r.time_zone {
+            error(
+                zone.at,
+                "time_zone",
+                "applies to calendar quotas only; add `calendar: true`".into(),
+            );
+        }
+        return None;
+    };
+    let unit = match (unit, &r.unit, &r.period) {
+        (Some(unit), _, _) => match unit.name().parse::<CalendarUnit>() {
+            Ok(unit) => unit,
+            Err(e) => {
+                error(on.at, "calendar", e.to_string());
+                return None;
+            }
+        },
+        (None, None, Some(_)) => {
+            error(
+                on.at,
+                "calendar",
+                "needs `unit: day|week|month|year`, not a `period`".into(),
+            );
+            return None;
+        }
+        _ => return None, // `unit` missing or unknown: reported with the unit
+    };
+    let zone = r.time_zone.as_ref().map_or("UTC", |z| z.value.as_str());
+    match Calendar::new(unit, zone) {
+        Ok(calendar) => Some(calendar),
+        Err(e) => {
+            let at = r.time_zone.as_ref().map_or(on.at, |z| z.at);
+            error(at, "time_zone", e.to_string());
+            None
+        }
+    }
+}
+
 /// Validates a `rate_limit` block; pushes its errors and returns `None` when it has any.
 fn convert_limit(
     file: &Path,
@@ -269,6 +325,11 @@ fn convert_limit(
             ),
             ("algorithm", r.algorithm.as_ref().map(|s| s.at)),
             ("burst", r.burst.as_ref().map(|s| s.at)),
+            (
+                "calendar",
+                r.calendar.as_ref().filter(|c| c.value).map(|s| s.at),
+            ),
+            ("time_zone", r.time_zone.as_ref().map(|s| s.at)),
         ];
         for (field, at) in sized {
             if let Some(at) = at {
@@ -301,6 +362,7 @@ fn convert_limit(
             "give either `unit` or `period`, not both".into(),
         );
     }
+    let calendar = calendar(&r, unit, &mut error);
     let algorithm = r
         .algorithm
         .as_ref()
@@ -382,10 +444,22 @@ fn convert_limit(
                 Some(Rate::Blocked { period })
             }
             (Some(period), Some(n)) => {
-                let algorithm = algorithm.unwrap_or_default();
-                let built = Quota::new(n.value, period)
-                    .and_then(|q| q.with_algorithm(algorithm))
-                    .map_err(|e| ("requests_per_unit", n.at, e))
+                let built = match calendar {
+                    // A calendar quota is a fixed window unless told otherwise (and then
+                    // refused with the reason).
+                    Some(calendar) => Quota::per_calendar(n.value, calendar).and_then(|q| {
+                        q.with_algorithm(algorithm.unwrap_or(Algorithm::FixedWindow))
+                    }),
+                    None => Quota::new(n.value, period)
+                        .and_then(|q| q.with_algorithm(algorithm.unwrap_or_default())),
+                };
+                let built = built
+                    .map_err(|e| match (e, &r.algorithm) {
+                        (e @ QuotaError::CalendarNeedsFixedWindow { .. }, Some(a)) => {
+                            ("algorithm", a.at, e)
+                        }
+                        (e, _) => ("requests_per_unit", n.at, e),
+                    })
                     .and_then(|q| match &r.burst {
                         Some(b) => q.with_burst(b.value).map_err(|e| ("burst", b.at, e)),
                         None => Ok(q),

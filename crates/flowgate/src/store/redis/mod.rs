@@ -384,6 +384,7 @@ impl Store for RedisStore {
             match reply.get(2) {
                 Some(1) => Ok(()),
                 Some(-1) => Err(script::foreign(&key)),
+                Some(-2) => Err(script::calendar_skew(&key, script::reply_now(&reply)?)),
                 _ => Err(script::malformed()),
             }
         }

@@ -10,7 +10,7 @@
 use std::sync::OnceLock;
 
 use crate::algorithm::{FixedWindow, Gcra, LeakyBucket, MAX_CHARGE, SlidingWindow};
-use crate::clock::Nanos;
+use crate::clock::{Clock, Nanos, PreciseClock};
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 use crate::store::StoreError;
@@ -217,7 +217,20 @@ pub(super) fn args<'a>(
                 push_pair(&mut numbers, quota.tolerance_nanos());
                 numbers.push(expiry_bucket(quota.tolerance_nanos()));
             }
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+            Algorithm::FixedWindow => {
+                numbers.push(quota.limit());
+                match quota.window_calendar() {
+                    None => numbers.extend([quota.period_nanos() / 1000, 0, 0, 0, 0]),
+                    Some(calendar) => {
+                        // The previous, current and next periods around this host's clock: the
+                        // script picks the one containing its own (see fixed_window.lua).
+                        let near = now.unwrap_or_else(|| PreciseClock::new().now());
+                        numbers.push(0);
+                        numbers.extend(calendar.boundaries(near));
+                    }
+                }
+            }
+            Algorithm::SlidingWindow => {
                 numbers.push(quota.limit());
                 numbers.push(quota.period_nanos() / 1000);
             }
@@ -292,6 +305,7 @@ pub(super) fn decide(
         1 => true,
         0 => false,
         -1 => return Err(foreign(key)),
+        -2 => return Err(calendar_skew(key, now)),
         _ => return Err(malformed()),
     };
     let decision = match (quota.algorithm(), state) {
@@ -360,6 +374,15 @@ fn log_decision(
     }
 }
 
+/// The Redis server's clock fell outside the calendar periods the client passed: it is more
+/// than a whole period away from this host's.
+pub(super) fn calendar_skew(key: &str, now: Nanos) -> StoreError {
+    StoreError::Backend(format!(
+        "the Redis server's clock ({} s since the epoch) is more than a calendar period away from this host's; `{key}` was not counted",
+        now / 1_000_000_000
+    ))
+}
+
 /// A key holding a value the scripts did not write.
 pub(super) fn foreign(key: &str) -> StoreError {
     StoreError::Backend(format!(
@@ -395,6 +418,42 @@ mod tests {
             let q = Quota::per_minute(100).with_algorithm(a).unwrap();
             assert_eq!(check_quota(&q), Ok(()));
         }
+    }
+
+    /// A server clock outside the calendar periods the client passed is reported (status
+    /// -2), counts nothing, and becomes an error naming the skew.
+    #[cfg(feature = "calendar")]
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_server_clock_outside_the_passed_periods_is_reported_not_counted() {
+        use crate::calendar::{Calendar, CalendarUnit};
+        let Some(server) = flowgate_testing::redis::RedisServer::start("calendar_skew") else {
+            return;
+        };
+        let quota = Quota::per_calendar(5, Calendar::utc(CalendarUnit::Day)).unwrap();
+        // Periods around 2001-09-09, while the server's TIME is today: a skew of decades.
+        let long_ago = 1_000_000_000 * 1_000_000_000;
+        let mut args = args(Some(long_ago), Mode::Check, std::iter::once((&quota, 1)));
+        args.header[0].clear();
+        args.header[1].clear();
+        let mut conn = server.connection();
+        let reply: Vec<i64> = redis::cmd("EVAL")
+            .arg(&script(Algorithm::FixedWindow).source)
+            .arg(1)
+            .arg("skewed")
+            .arg(&args.header)
+            .arg(&args.numbers)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(reply[2..], [-2, 0, 0]);
+        let exists: i64 = redis::cmd("EXISTS").arg("skewed").query(&mut conn).unwrap();
+        assert_eq!(exists, 0);
+        let now = reply_now(&reply).unwrap();
+        let err = decide("skewed", (&quota, 1, false), now, &reply[2..]).unwrap_err();
+        assert!(
+            err.to_string().contains("more than a calendar period away"),
+            "{err}"
+        );
     }
 
     #[test]
