@@ -88,12 +88,6 @@ fn init_logging(format: serve::LogFormat) {
 
 /// A multi-threaded tokio runtime, or the reason there is none.
 fn runtime() -> Result<tokio::runtime::Runtime, std::io::Error> {
-    // EXPERIMENT (not to be committed): the current-thread runtime, for callgrind.
-    if std::env::var_os("FLOWGATE_EXPERIMENT_CURRENT_THREAD").is_some() {
-        return tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build();
-    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

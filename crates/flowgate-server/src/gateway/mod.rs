@@ -163,23 +163,13 @@ impl Gateway {
 
     /// Answers one request from `peer`.
     pub async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
-        self.handle_held(peer, request, None).await
-    }
-
-    /// EXPERIMENT: [`Gateway::handle`] with the downstream connection's upstream connection.
-    async fn handle_held(
-        &self,
-        peer: SocketAddr,
-        request: Request<Incoming>,
-        held: Option<&pool::Held>,
-    ) -> Response<Body> {
         if !self.access_log {
-            return self.answer(peer, request, held).await;
+            return self.answer(peer, request).await;
         }
         let started = std::time::Instant::now();
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
-        let response = self.answer(peer, request, held).await;
+        let response = self.answer(peer, request).await;
         tracing::info!(
             target: "flowgate::access",
             %peer,
@@ -193,12 +183,7 @@ impl Gateway {
     }
 
     /// [`Gateway::handle`] without the access log.
-    async fn answer(
-        &self,
-        peer: SocketAddr,
-        request: Request<Incoming>,
-        held: Option<&pool::Held>,
-    ) -> Response<Body> {
+    async fn answer(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
         if parts.method == http::Method::CONNECT {
             return self.problem(
@@ -254,7 +239,7 @@ impl Gateway {
         // Boxed: the exchange with the upstream is most of this future's size, and the future
         // is moved several times on its way into the connection's task (memcpy, measured with
         // callgrind); one allocation costs less, and a refused request does not make it.
-        Box::pin(self.forward(peer, parts, body, timeouts, keep_earlier, head, held)).await
+        Box::pin(self.forward(peer, parts, body, timeouts, keep_earlier, head)).await
     }
 
     /// With a `usage_header` or `usage_json`, the descriptors whose rule charges
@@ -329,7 +314,6 @@ impl Gateway {
         timeouts: Timeouts,
         keep_earlier: bool,
         head: OnHead,
-        held: Option<&pool::Held>,
     ) -> Response<Body> {
         forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
         let metrics = &self.upstream_metrics;
@@ -345,7 +329,7 @@ impl Gateway {
         .with_progress(progress.clone());
         let timeout = timeouts.response_head;
         // Pinned here and lent: the exchange's future is large, and moving it costs.
-        let sent = std::pin::pin!(self.pool.send(Request::from_parts(parts, body), held));
+        let sent = std::pin::pin!(self.pool.send(Request::from_parts(parts, body)));
         let response = match upstream_within(timeout, progress.as_deref(), sent).await {
             Some(Ok(response)) => response,
             Some(Err(e)) => return self.failed(e),
@@ -507,13 +491,9 @@ pub async fn serve(
     crate::listen::configure(&mut http, acceptor.limits());
     crate::listen::serve_connections(acceptor, "gateway", shutdown, grace, |stream, peer| {
         let gateway = gateway.clone();
-        let held: Option<pool::Held> = pool::affinity().then(Default::default);
         let service = service_fn(move |request| {
             let gateway = gateway.clone();
-            let held = held.clone();
-            async move {
-                Ok::<_, Infallible>(gateway.handle_held(peer, request, held.as_ref()).await)
-            }
+            async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
         });
         http.serve_connection(TokioIo::new(stream), service)
     })

@@ -54,15 +54,6 @@ pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// written) before it opens a new one.
 const MAX_STALE: usize = 3;
 
-/// EXPERIMENT: an upstream connection kept by one downstream connection.
-pub(crate) type Held = Arc<Mutex<Option<Conn>>>;
-
-/// EXPERIMENT: whether downstream connections keep their own upstream connection.
-pub(crate) fn affinity() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FLOWGATE_EXPERIMENT_AFFINITY").is_some())
-}
-
 /// What a request sends: the client's body, given up when it stalls.
 pub(crate) type RequestBody = IdleBody<Incoming>;
 
@@ -139,7 +130,7 @@ type Driver = Connection<TokioIo<UpstreamStream>, RequestBody>;
 type UpstreamStream = MaybeTls<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// One connection to the upstream.
-pub(crate) struct Conn {
+struct Conn {
     /// Where requests are handed in.
     sender: SendRequest<RequestBody>,
     /// The reading and writing; `None` once it has ended.
@@ -265,22 +256,9 @@ impl Pool {
     pub(crate) async fn send(
         &self,
         mut request: Request<RequestBody>,
-        held: Option<&Held>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         if !request.headers().contains_key(HOST) {
             request.headers_mut().insert(HOST, self.shared.host.clone());
-        }
-        if let Some(home) = held {
-            let conn = home.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(mut conn) = conn
-                && conn.reusable()
-            {
-                match self.exchange(conn, request, held).await {
-                    Exchanged::Answered(response) => return Ok(response),
-                    Exchanged::Failed(e) => return Err(e.into()),
-                    Exchanged::Unsent(back) => request = back,
-                }
-            }
         }
         let mut stale = 0;
         let mut deadline = None;
@@ -296,7 +274,7 @@ impl Pool {
             if stale < MAX_STALE
                 && let Some(conn) = self.shared.checkout()
             {
-                match self.exchange(conn, request, held).await {
+                match self.exchange(conn, request).await {
                     Exchanged::Answered(response) => return Ok(response),
                     Exchanged::Failed(e) => return Err(e.into()),
                     Exchanged::Unsent(back) => {
@@ -329,7 +307,7 @@ impl Pool {
             }
         };
         let conn = self.connect(slot).await?;
-        match self.exchange(conn, request, held).await {
+        match self.exchange(conn, request).await {
             Exchanged::Answered(response) => Ok(response),
             Exchanged::Failed(e) => Err(e.into()),
             Exchanged::Unsent(_) => Err(SendError::Connect(io::Error::new(
@@ -340,12 +318,7 @@ impl Pool {
     }
 
     /// Sends `request` on `conn`, driving it until the response head is in.
-    async fn exchange(
-        &self,
-        mut conn: Conn,
-        request: Request<RequestBody>,
-        held: Option<&Held>,
-    ) -> Exchanged {
+    async fn exchange(&self, mut conn: Conn, request: Request<RequestBody>) -> Exchanged {
         let answer = conn.sender.try_send_request(request);
         let mut answer = std::pin::pin!(answer);
         let mut sent = false;
@@ -367,7 +340,6 @@ impl Pool {
                 body,
                 conn: Some(conn),
                 pool: self.shared.clone(),
-                home: held.cloned(),
             })),
             Err(mut e) => match e.take_message() {
                 Some(request) => Exchanged::Unsent(request),
@@ -522,8 +494,6 @@ pub struct UpstreamBody {
     conn: Option<Conn>,
     /// Where it returns to.
     pool: Arc<Shared>,
-    /// EXPERIMENT: the downstream connection's own slot, tried first.
-    home: Option<Held>,
 }
 
 impl std::fmt::Debug for UpstreamBody {
@@ -538,15 +508,6 @@ impl UpstreamBody {
     /// Hands the connection back once the body has ended.
     fn release(&mut self) {
         if let Some(conn) = self.conn.take() {
-            if let Some(home) = &self.home {
-                let mut slot = home.lock().unwrap_or_else(|p| p.into_inner());
-                if slot.is_none() {
-                    if conn.driver.is_some() && !conn.sender.is_closed() {
-                        *slot = Some(conn);
-                    }
-                    return;
-                }
-            }
             self.pool.checkin(conn);
         }
     }
