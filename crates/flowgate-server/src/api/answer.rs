@@ -45,7 +45,8 @@ pub fn answer(verdict: &Verdict<'_>, items: &[HeaderValue]) -> Answer {
         })
         .collect();
     let mut own = own.iter();
-    let reports = verdict.descriptors.iter().filter_map(|d| {
+    // Every limit of each descriptor: one `RateLimit-Policy` item per limit.
+    let reports = verdict.descriptors.iter().flat_map(|d| d.limits()).filter_map(|d| {
         let applied = d.applied.as_ref()?;
         let policy_item = match applied {
             AppliedLimit::Rule(rule) => items.get(rule.id)?,

@@ -351,6 +351,13 @@ impl Rule {
         self.name.as_deref().unwrap_or(&self.unnamed)
     }
 
+    /// The limit's own series name: its [`path`](Rule::path), followed by `#` and its index for
+    /// one of a rule's several limits (`api_key#0`, `api_key#1`), so each limit is counted
+    /// apart in metrics.
+    pub fn limit_path(&self) -> &str {
+        &self.unnamed
+    }
+
     /// Whether some level shares its counter among its wildcard's matches (`share_threshold`).
     pub fn shares_counter(&self) -> bool {
         self.shares
@@ -378,7 +385,8 @@ impl Rule {
     ///   or `key_value` with `value_to_metric` (unless `share_threshold`); a rule without value
     ///   as `key`, or `key_value` with `value_to_metric`.
     ///
-    /// Without either flag this is [`path`](Rule::path).
+    /// Without either flag this is [`path`](Rule::path). For one of a rule's several limits,
+    /// `#` and the limit's index follow, as in [`limit_path`](Rule::limit_path).
     pub fn metric_name(&self, entries: &[crate::envoy::Entry]) -> String {
         let mut name = String::new();
         for (i, (level, entry)) in self.levels.iter().zip(entries).enumerate() {
@@ -405,6 +413,10 @@ impl Rule {
                 name.push('_');
                 name.push_str(value);
             }
+        }
+        if self.limit_count > 1 {
+            // Writing to a String cannot fail.
+            let _ = write!(name, "#{}", self.limit_index);
         }
         name
     }

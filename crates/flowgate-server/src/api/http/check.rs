@@ -108,6 +108,7 @@ impl CheckResponse<'static> {
             hits: 1,
             fallback: None,
             error: None,
+            limits: Vec::new(),
         };
         CheckResponse {
             allowed: true,
@@ -148,6 +149,12 @@ struct CheckResult<'a> {
     fallback: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// For a rule with several limits (`rate_limits`): every limit's own result, in the
+    /// rule's order; the fields above are the binding limit's (the one that refused, or the
+    /// one with the least remaining). Absent for a rule with one limit.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    limits: Vec<CheckResult<'a>>,
 }
 
 pub(super) fn millis(d: Duration) -> u64 {
@@ -180,7 +187,16 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
         hits: d.hits,
         fallback: None,
         error: None,
+        limits: Vec::new(),
     };
+    if !d.others.is_empty() {
+        let mut limits: Vec<&DescriptorVerdict<'a>> = d.limits().collect();
+        limits.sort_by_key(|l| match l.applied {
+            Some(AppliedLimit::Rule(rule)) => rule.limit_index,
+            _ => 0,
+        });
+        result.limits = limits.into_iter().map(check_result).collect();
+    }
     match &d.status {
         Status::Counted(Ok(decision)) => {
             result.status = if decision.allowed { "ok" } else { "over_limit" };
