@@ -424,7 +424,10 @@ impl<'r> Plan<'r> {
         let mut limits = limits.into_iter().zip(&self.resolved).peekable();
         while let Some((verdict, r)) = limits.next() {
             group.push(verdict);
-            if limits.peek().is_some_and(|(_, next)| next.descriptor == r.descriptor) {
+            if limits
+                .peek()
+                .is_some_and(|(_, next)| next.descriptor == r.descriptor)
+            {
                 continue;
             }
             let binding = group
@@ -1007,14 +1010,18 @@ mod tests {
         // …but its unit was given back: the admin sees 1 left, and resets both counters.
         let entries = &key[0].entries;
         let crate::envoy::Lookup::Counters(counters) =
-            crate::envoy::inspect(&rules, &store, "m", entries).await.unwrap()
+            crate::envoy::inspect(&rules, &store, "m", entries)
+                .await
+                .unwrap()
         else {
             panic!("counted")
         };
         let left: Vec<u64> = counters.iter().map(|c| c.decision.remaining).collect();
         assert_eq!(left, [1, 0]);
         assert_ne!(counters[0].key, counters[1].key);
-        crate::envoy::reset(&rules, &store, "m", entries).await.unwrap();
+        crate::envoy::reset(&rules, &store, "m", entries)
+            .await
+            .unwrap();
         let v = check(&rules, &store, "m", &[peek("key", "k1")], 1).await;
         let left: Vec<u64> = v.descriptors[0]
             .limits()
@@ -1087,7 +1094,10 @@ mod tests {
         let Status::Counted(Ok(hour)) = &v.descriptors[0].others[0].status else {
             panic!("{v:?}")
         };
-        assert_eq!(hour.remaining, 2, "taken by the three allowed requests only");
+        assert_eq!(
+            hour.remaining, 2,
+            "taken by the three allowed requests only"
+        );
     }
 
     #[tokio::test]

@@ -161,7 +161,23 @@ pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
+/// A descriptor's result: its binding limit's, and for a rule with several limits, each
+/// limit's in `limits`.
 fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
+    let mut result = limit_result(d);
+    if !d.others.is_empty() {
+        let mut limits: Vec<&DescriptorVerdict<'a>> = d.limits().collect();
+        limits.sort_by_key(|l| match l.applied {
+            Some(AppliedLimit::Rule(rule)) => rule.limit_index,
+            _ => 0,
+        });
+        result.limits = limits.into_iter().map(limit_result).collect();
+    }
+    result
+}
+
+/// One limit's result.
+fn limit_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
     let applied = d.applied.as_ref();
     let rate = applied.map(AppliedLimit::rate);
     let mut result = CheckResult {
@@ -189,14 +205,6 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
         error: None,
         limits: Vec::new(),
     };
-    if !d.others.is_empty() {
-        let mut limits: Vec<&DescriptorVerdict<'a>> = d.limits().collect();
-        limits.sort_by_key(|l| match l.applied {
-            Some(AppliedLimit::Rule(rule)) => rule.limit_index,
-            _ => 0,
-        });
-        result.limits = limits.into_iter().map(check_result).collect();
-    }
     match &d.status {
         Status::Counted(Ok(decision)) => {
             result.status = if decision.allowed { "ok" } else { "over_limit" };
