@@ -265,6 +265,37 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_with_several_limits_is_divided_by_its_lowest_long_run_rate() {
+        use flowgate::Quota;
+        use flowgate::envoy::{DomainSpec, LimitSpec, RuleSet, RuleSpec};
+        let limit = |n, secs| {
+            LimitSpec::new(Rate::Limited(
+                Quota::new(n, Duration::from_secs(secs)).unwrap(),
+            ))
+        };
+        let rules = RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![
+                RuleSpec::new("k")
+                    .with_limit(limit(10, 1))
+                    .with_limit(limit(10_000, 86_400))
+                    .with_limit(limit(700, 60)),
+                RuleSpec::new("tie")
+                    .with_limit(limit(1, 1))
+                    .with_limit(limit(60, 60)),
+            ],
+        )])
+        .unwrap();
+        let pick = |key| {
+            let limits = rules.find_limits("d", &[Entry::new(key, "v")]);
+            most_restrictive(limits).map(|r| r.rate.limit())
+        };
+        assert_eq!(pick("k"), Some(Some(10_000)), "0.12 per second, the lowest");
+        assert_eq!(pick("tie"), Some(Some(1)), "the first on a tie");
+        assert!(most_restrictive(&[]).is_none());
+    }
+
+    #[test]
     fn bucket_ids_are_checked_and_sorted() {
         let key = normalize(Some(&id(&[("b", "2"), ("a", "1")]))).unwrap();
         assert_eq!(key, vec![Entry::new("a", "1"), Entry::new("b", "2")]);

@@ -1148,6 +1148,14 @@ mod tests {
         let set = build(rule().with_limit(per_minute(2))).unwrap();
         let names: Vec<&str> = set.rules().iter().map(Rule::display_name).collect();
         assert_eq!(names, ["a", "k#1"]);
+        let entries = [Entry::new("k", "v")];
+        let paths: Vec<String> = set
+            .rules()
+            .iter()
+            .map(|r| r.metric_name(&entries))
+            .collect();
+        assert_eq!(paths, ["k#0", "k#1"], "each limit in its own series");
+        assert_eq!(set.find_limits("d", &entries).len(), 2);
         assert_eq!(set.find("d", &[Entry::new("k", "v")]).unwrap().id, 0);
     }
 }
