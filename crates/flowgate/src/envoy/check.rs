@@ -242,6 +242,8 @@ struct Counted {
     index: usize,
     /// The quota it is counted under.
     quota: Quota,
+    /// Whether the ask before it is another limit of the same descriptor.
+    after_sibling: bool,
 }
 
 /// A resolved request, before the store's answers are in.
@@ -279,7 +281,14 @@ impl<'r> Plan<'r> {
                     || matches!(applied, AppliedLimit::Rule(rule) if rule.quota_mode));
             let blocked_enforced = matches!(rate, Rate::Blocked { .. }) && !applied.shadow_mode();
             if let Rate::Limited(quota) = rate {
-                counted.push(Counted { index, quota });
+                let after_sibling = counted
+                    .last()
+                    .is_some_and(|c: &Counted| resolved[c.index].descriptor == r.descriptor);
+                counted.push(Counted {
+                    index,
+                    quota,
+                    after_sibling,
+                });
             }
             if quota {
                 has_quota = true;
@@ -323,9 +332,7 @@ impl<'r> Plan<'r> {
         let peek_only = self.blocked_enforced && !r.charge;
         let quota_mode = self.has_quota && is_quota(r, self.modes);
         // Another limit of the same quota-mode descriptor, right before it among the asks.
-        let joins_previous = quota_mode
-            && counted.index > 0
-            && self.resolved[counted.index - 1].descriptor == r.descriptor;
+        let joins_previous = quota_mode && counted.after_sibling;
         Ask::new(key, &counted.quota)
             .cost(if peek_only { 0 } else { r.hits })
             .charge(r.charge)
@@ -942,6 +949,11 @@ mod tests {
                 RuleSpec::new("charged")
                     .with_limit(per_minute(2).charged())
                     .with_limit(hourly().charged()),
+                RuleSpec::new("qr")
+                    .quota()
+                    .with_limit(per_minute(5).named("qr_minute"))
+                    .with_limit(hourly()),
+                RuleSpec::new("replacer").with_limit(per_minute(100).replacing(["qr_minute"])),
             ],
         )])
         .unwrap()
@@ -1098,6 +1110,32 @@ mod tests {
             hour.remaining, 2,
             "taken by the three allowed requests only"
         );
+    }
+
+    #[tokio::test]
+    async fn quota_groups_follow_descriptors_when_a_limit_is_replaced() {
+        // qr's minute is replaced: its hour alone is asked, right after q2's ask, and must not
+        // be taken for another limit of q2's descriptor.
+        let rules = two_limit_rules();
+        let store = store();
+        let request = [one("q2", "x"), one("qr", "x"), one("replacer", "x")];
+        for n in 0..4 {
+            let v = check(&rules, &store, "m", &request, 1).await;
+            assert!(v.allowed, "request {n}: qr's hour allows: {v:?}");
+        }
+        let v = check(&rules, &store, "m", &[peek("qr", "x")], 1).await;
+        let left: Vec<(Option<&str>, u64)> = v.descriptors[0]
+            .limits()
+            .map(|d| match (&d.applied, &d.status) {
+                (Some(AppliedLimit::Rule(rule)), Status::Counted(Ok(d))) => {
+                    (rule.name.as_deref(), d.remaining)
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // The hour binds (least remaining): four allowed requests took four of its units;
+        // the replaced minute none.
+        assert_eq!(left, [(None, 1), (Some("qr_minute"), 5)]);
     }
 
     #[tokio::test]
