@@ -460,3 +460,45 @@ descriptors:
     assert_eq!(get(&server, "/", &[("x-user", "bob")]).await.status, 201);
     server.stop().await;
 }
+
+/// A rule with two limits behind the gateway: every limit must allow, `RateLimit-Policy`
+/// has one item per limit, and a refusal by the tighter one burns nothing of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_with_several_limits_holds_each_and_lists_each_policy() {
+    let upstream = Upstream::start().await;
+    let yaml = r#"
+domain: edge
+gateway:
+  descriptors:
+    - [{key: remote_address}]
+descriptors:
+  - key: remote_address
+    rate_limits:
+      - {unit: minute, requests_per_unit: 2, name: burst, algorithm: gcra}
+      - {unit: hour, requests_per_unit: 3, name: hourly, algorithm: gcra}
+"#;
+    let server = gateway(yaml, &upstream.url()).await;
+    assert_eq!(statuses(&server, 4, None).await, [201, 201, 429, 429]);
+    let denied = get(&server, "/", &[]).await;
+    assert_eq!(denied.status, 429);
+    let policy = denied.header("ratelimit-policy");
+    assert!(
+        policy.contains("\"burst\";q=2;w=60") && policy.contains("\"hourly\";q=3;w=3600"),
+        "{policy}"
+    );
+    let state = sfv::Parser::new(denied.header("ratelimit").as_bytes())
+        .parse::<sfv::List>()
+        .unwrap();
+    assert_eq!(
+        inner(&state[0]).0.as_string().unwrap().as_str(),
+        "burst",
+        "the binding limit"
+    );
+    // Only the two allowed requests reached the upstream; each limit has its own series.
+    assert_eq!(upstream.seen().len(), 2);
+    let metric = server
+        .metric(r#"flowgate_within_limit_total{domain="edge",rule="remote_address#1"}"#)
+        .await;
+    assert!(metric >= 2.0, "{metric}");
+    server.stop().await;
+}

@@ -46,12 +46,21 @@ impl Outcome {
             let allowed = asks.iter().zip(&results).all(granted);
             return Outcome { allowed, results };
         }
+        // Quota-mode limits in groups (a descriptor's several limits, `joins_previous`): a
+        // group denies when any of its asks does.
         let (mut enforced_granted, mut quotas, mut quotas_denied) = (true, 0usize, 0usize);
+        let mut group_denied = false;
         for (ask, result) in asks.iter().zip(&results) {
             let denied = !granted((ask, result));
             if ask.quota_mode {
-                quotas += 1;
-                quotas_denied += usize::from(denied);
+                if !ask.joins_previous || quotas == 0 {
+                    quotas += 1;
+                    group_denied = false;
+                }
+                if denied && !group_denied {
+                    group_denied = true;
+                    quotas_denied += 1;
+                }
             } else if denied {
                 enforced_granted = false;
             }

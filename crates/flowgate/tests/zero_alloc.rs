@@ -213,3 +213,49 @@ fn the_http_layer_allocates_only_the_ratelimit_value() {
     });
     assert_eq!(n, REQUESTS as u64);
 }
+
+/// A descriptor matched to a rule with one limit costs `envoy::check` its two vectors (the
+/// resolved limits and the verdict) and nothing per limit: the key is written in a reused
+/// buffer. Several limits on a rule change nothing for rules with one.
+#[cfg(feature = "envoy")]
+#[test]
+fn an_envoy_check_of_a_one_limit_rule_allocates_only_its_two_vectors() {
+    use flowgate::envoy::{Descriptor, DomainSpec, Entry, LimitSpec, Rate, RuleSet, RuleSpec};
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let limit = |n| LimitSpec::new(Rate::Limited(quota(Algorithm::Gcra).with_burst(n).unwrap()));
+    let rules = RuleSet::build(vec![DomainSpec::new(
+        "d",
+        vec![
+            RuleSpec::new("one").with_limit(limit(50)),
+            RuleSpec::new("two")
+                .with_limit(limit(50))
+                .with_limit(LimitSpec::new(Rate::Limited(Quota::per_minute(1000)))),
+        ],
+    )])
+    .unwrap();
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(START))
+        .build();
+    let request = [Descriptor::new(vec![Entry::new("one", "v")])];
+    let check = || {
+        let mut future = std::pin::pin!(flowgate::envoy::check(&rules, &store, "d", &request, 1));
+        let Poll::Ready(verdict) = future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        else {
+            panic!("the memory store answers at once");
+        };
+        assert!(verdict.allowed);
+    };
+    check();
+    assert_eq!(allocations(check), 2);
+    // Two limits: still decided at once, at the cost of their keys and the grouping.
+    let two = [Descriptor::new(vec![Entry::new("two", "v")])];
+    let mut future = std::pin::pin!(flowgate::envoy::check(&rules, &store, "d", &two, 1));
+    let polled = future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()));
+    assert!(matches!(polled, Poll::Ready(v) if v.allowed && v.descriptors[0].others.len() == 1));
+}

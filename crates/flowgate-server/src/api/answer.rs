@@ -45,22 +45,29 @@ pub fn answer(verdict: &Verdict<'_>, items: &[HeaderValue]) -> Answer {
         })
         .collect();
     let mut own = own.iter();
-    let reports = verdict.descriptors.iter().filter_map(|d| {
-        let applied = d.applied.as_ref()?;
-        let policy_item = match applied {
-            AppliedLimit::Rule(rule) => items.get(rule.id)?,
-            AppliedLimit::Override(..) => own.next()?,
-        };
-        // Shadow mode (the rule's or the global one) and quota mode while another quota-mode
-        // limit passes: reported, not enforced.
-        let (name, enforced) = (limit_name(applied), d.enforced && !applied.shadow_mode());
-        match &d.status {
-            Status::Counted(result) => Some(LimitReport::new(name, policy_item, enforced, result)),
-            Status::Blocked { period } => {
-                Some(LimitReport::blocked(name, policy_item, enforced, *period))
+    // Every limit of each descriptor: one `RateLimit-Policy` item per limit.
+    let reports = verdict
+        .descriptors
+        .iter()
+        .flat_map(|d| d.limits())
+        .filter_map(|d| {
+            let applied = d.applied.as_ref()?;
+            let policy_item = match applied {
+                AppliedLimit::Rule(rule) => items.get(rule.id)?,
+                AppliedLimit::Override(..) => own.next()?,
+            };
+            // Shadow mode (the rule's or the global one) and quota mode while another quota-mode
+            // limit passes: reported, not enforced.
+            let (name, enforced) = (limit_name(applied), d.enforced && !applied.shadow_mode());
+            match &d.status {
+                Status::Counted(result) => {
+                    Some(LimitReport::new(name, policy_item, enforced, result))
+                }
+                Status::Blocked { period } => {
+                    Some(LimitReport::blocked(name, policy_item, enforced, *period))
+                }
+                _ => None,
             }
-            _ => None,
-        }
-    });
+        });
     Answer::new(reports, false)
 }

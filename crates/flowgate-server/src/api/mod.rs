@@ -271,10 +271,13 @@ impl Service {
             self.metrics.global_shadow_mode();
         }
         for (result, request) in verdict.descriptors.iter().zip(descriptors) {
-            self.metrics
-                .record(domain, result, &active.counters, |rule| {
-                    rule.metric_name(&request.entries)
-                });
+            // Every limit of the descriptor's rule in its own series.
+            for limit in result.limits() {
+                self.metrics
+                    .record(domain, limit, &active.counters, |rule| {
+                        rule.metric_name(&request.entries)
+                    });
+            }
             if result.over_limit() {
                 record_denied(&self.top_denied, domain, request, result.hits);
             }

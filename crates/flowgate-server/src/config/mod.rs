@@ -309,6 +309,9 @@ impl Policy {
                     "rate_limit.replaces"
                 }
                 RuleErrorKind::ShareWithoutWildcard => "share_threshold",
+                RuleErrorKind::UncountedAmongLimits | RuleErrorKind::DuplicateLimit { .. } => {
+                    "rate_limits"
+                }
             };
             let message = match &e.kind {
                 RuleErrorKind::DuplicateDomain(d) => {
@@ -358,6 +361,27 @@ mod tests {
         let policy = load(&[]).unwrap();
         assert!(policy.rules.has_domain("default"));
         assert!(!policy.rules.rules().is_empty());
+    }
+
+    #[test]
+    fn limits_of_one_rule_must_differ_in_quota_and_name() {
+        let error = |text: &str| {
+            Policy::from_sources(vec![source("a.yaml", text)])
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            error(
+                "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: second, requests_per_unit: 1, name: n}\n"
+            ),
+            "a.yaml:3:10: `rate_limits`: limit 1 of this rule repeats the quota of another of its limits"
+        );
+        assert_eq!(
+            error(
+                "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1, name: n}\n      - {unit: day, requests_per_unit: 9, replaces: [{name: n}]}\n"
+            ),
+            "a.yaml:3:10: `rate_limit.replaces`: limit `n` must not replace itself or another limit of its rule"
+        );
     }
 
     #[test]

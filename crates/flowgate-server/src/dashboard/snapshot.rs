@@ -200,7 +200,8 @@ impl Sampler {
             .filter(|(rule, _)| rule.rate.limit().is_some())
             .map(|(rule, counters)| {
                 let (allowed, denied) = (counters.allowed(), counters.denied());
-                let key = (rule.domain.clone(), rule.path.clone());
+                // A rule with several limits shows each (`path#index`).
+                let key = (rule.domain.clone(), rule.limit_path().to_owned());
                 let rate = |now: u64, before: Option<u64>| match before {
                     Some(before) if elapsed > 0.0 => now.saturating_sub(before) as f64 / elapsed,
                     _ => 0.0,
@@ -208,7 +209,7 @@ impl Sampler {
                 let before = self.previous.get(&key).copied();
                 let view = RuleRate {
                     domain: rule.domain.clone(),
-                    rule: rule.path.clone(),
+                    rule: key.1.clone(),
                     name: rule.name.clone(),
                     allowed_per_sec: rate(allowed, before.map(|b| b.0)),
                     denied_per_sec: rate(denied, before.map(|b| b.1)),

@@ -257,7 +257,7 @@ impl Gateway {
         let rules = active.policy.rules.domain(&config.domain)?;
         let mut charged = Vec::new();
         for d in descriptors.iter_mut() {
-            if rules.find(&d.entries).is_some_and(|rule| rule.charge) {
+            if rules.find_limits(&d.entries).iter().any(|rule| rule.charge) {
                 d.hits_addend = Some(0);
                 charged.push(d.clone());
             }

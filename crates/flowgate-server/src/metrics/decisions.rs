@@ -58,7 +58,7 @@ impl RuleLabels {
     fn of(rule: &Rule) -> Self {
         RuleLabels {
             domain: rule.domain.clone(),
-            rule: rule.path.clone(),
+            rule: rule.limit_path().to_owned(),
         }
     }
 }

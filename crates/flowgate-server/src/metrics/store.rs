@@ -163,6 +163,7 @@ mod tests {
             hits: 1,
             charge: false,
             enforced: true,
+            others: Vec::new(),
         }
     }
 

@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 };
 use envoy_types::pb::google::protobuf::{Duration as DurationPb, UInt32Value};
 use flowgate::FailMode;
-use flowgate::envoy::{Entry, Rate, counter_key};
+use flowgate::envoy::{Entry, Rate, Rule, counter_key};
 use flowgate::rlqs::client::{Strategy, TokenBucket};
 use flowgate::rlqs::ledger::Terms;
 
@@ -103,7 +103,8 @@ pub fn resolve(active: &Active, domain: &str, key: &BucketKey) -> Target {
     let found = policy
         .rules
         .domain(domain)
-        .and_then(|rules| rules.find_unordered(key));
+        .and_then(|rules| rules.find_unordered(key))
+        .and_then(|(limits, ordered)| Some((most_restrictive(limits)?, ordered)));
     match found {
         Some((rule, ordered)) => match rule.rate {
             Rate::Unlimited => Target::Blanket(Strategy::AllowAll),
@@ -133,6 +134,20 @@ pub fn resolve(active: &Active, domain: &str, key: &BucketKey) -> Target {
             }
         },
     }
+}
+
+/// The limit RLQS divides among a rule's limits (`rate_limits`): the one with the lowest
+/// long-run rate — units per second — the first defined on a tie. The others are not enforced
+/// through RLQS: an Envoy's token bucket has one rate (docs/rlqs.md).
+fn most_restrictive(limits: &[Rule]) -> Option<&Rule> {
+    let per_nanos = |rule: &Rule| match rule.rate {
+        Rate::Limited(quota) => (u128::from(quota.limit()), quota.period().as_nanos()),
+        _ => (0, 1),
+    };
+    limits.iter().min_by(|a, b| {
+        let ((a_units, a_nanos), (b_units, b_nanos)) = (per_nanos(a), per_nanos(b));
+        (a_units * b_nanos).cmp(&(b_units * a_nanos))
+    })
 }
 
 /// The metric label of `strategy`'s action.
@@ -247,6 +262,37 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_rule_with_several_limits_is_divided_by_its_lowest_long_run_rate() {
+        use flowgate::Quota;
+        use flowgate::envoy::{DomainSpec, LimitSpec, RuleSet, RuleSpec};
+        let limit = |n, secs| {
+            LimitSpec::new(Rate::Limited(
+                Quota::new(n, Duration::from_secs(secs)).unwrap(),
+            ))
+        };
+        let rules = RuleSet::build(vec![DomainSpec::new(
+            "d",
+            vec![
+                RuleSpec::new("k")
+                    .with_limit(limit(10, 1))
+                    .with_limit(limit(10_000, 86_400))
+                    .with_limit(limit(700, 60)),
+                RuleSpec::new("tie")
+                    .with_limit(limit(1, 1))
+                    .with_limit(limit(60, 60)),
+            ],
+        )])
+        .unwrap();
+        let pick = |key| {
+            let limits = rules.find_limits("d", &[Entry::new(key, "v")]);
+            most_restrictive(limits).map(|r| r.rate.limit())
+        };
+        assert_eq!(pick("k"), Some(Some(10_000)), "0.12 per second, the lowest");
+        assert_eq!(pick("tie"), Some(Some(1)), "the first on a tie");
+        assert!(most_restrictive(&[]).is_none());
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! One counter of a rule set, looked at or forgotten by an operator: [`inspect`] and
-//! [`reset`] find the rule a descriptor matches, build the counter key exactly as [`check`]
-//! does, and [`peek`](Store::peek) or [`reset`](Store::reset) it in the store.
+//! The counters of a rule set, looked at or forgotten by an operator: [`inspect`] and
+//! [`reset`] find the rule a descriptor matches, build each of its limits' counter key exactly
+//! as [`check`] does, and [`peek`](Store::peek) or [`reset`](Store::reset) them in the store
+//! (a rule with several limits has one counter per limit).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -14,15 +15,15 @@
 //! let store = MemoryStore::new();
 //! let alice = [Entry::new("user", "alice")];
 //! envoy::check(&rules, &store, "api", &[Descriptor::new(alice.to_vec())], 2).await;
-//! let Lookup::Counter(counter) = envoy::inspect(&rules, &store, "api", &alice).await? else {
+//! let Lookup::Counters(counters) = envoy::inspect(&rules, &store, "api", &alice).await? else {
 //!     panic!("user=alice is counted");
 //! };
-//! assert_eq!(counter.decision.remaining, 0);
+//! assert_eq!(counters[0].decision.remaining, 0);
 //! envoy::reset(&rules, &store, "api", &alice).await?;
-//! let Lookup::Counter(counter) = envoy::inspect(&rules, &store, "api", &alice).await? else {
+//! let Lookup::Counters(counters) = envoy::inspect(&rules, &store, "api", &alice).await? else {
 //!     panic!("user=alice is counted");
 //! };
-//! assert_eq!(counter.decision.remaining, 2);
+//! assert_eq!(counters[0].decision.remaining, 2);
 //! # Ok(()) }
 //! ```
 //!
@@ -35,18 +36,19 @@ use super::ruleset::RuleSet;
 use crate::decision::Decision;
 use crate::store::{Ask, Store, StoreError};
 
-/// What a descriptor's counter is, as [`inspect`] and [`reset`] find it.
+/// What a descriptor's counters are, as [`inspect`] and [`reset`] find them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup<'r> {
     /// No rule of the domain matches the entries (or the domain is unknown).
     NoRule,
     /// The matching rule keeps no counter: it is `unlimited` or blocks everything.
     NotCounted(&'r Rule),
-    /// The matching rule's counter for these entries.
-    Counter(CounterState<'r>),
+    /// The matching rule's counters for these entries: one per limit, in the rule's order
+    /// (never empty).
+    Counters(Vec<CounterState<'r>>),
 }
 
-/// One counter: its rule, its key in the store and what a request costing nothing would be
+/// One counter: its rule (limit), its key in the store and what a request costing nothing would be
 /// told now (for [`reset`], the state after the reset).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterState<'r> {
@@ -58,54 +60,62 @@ pub struct CounterState<'r> {
     pub decision: Decision,
 }
 
-/// The counter `entries` of `domain` are counted in, peeked (nothing is taken).
+/// The counters `entries` of `domain` are counted in, peeked (nothing is taken).
 pub async fn inspect<'r, S: Store + ?Sized>(
     rules: &'r RuleSet,
     store: &S,
     domain: &str,
     entries: &[Entry],
 ) -> Result<Lookup<'r>, StoreError> {
-    let Some((rule, key, quota)) = counter(rules, domain, entries) else {
-        return Ok(rules
-            .find(domain, entries)
-            .map_or(Lookup::NoRule, Lookup::NotCounted));
-    };
-    let decision = store.peek(Ask::new(&key, &quota)).await?;
-    Ok(Lookup::Counter(CounterState {
-        rule,
-        key,
-        decision,
-    }))
+    let limits = rules.find_limits(domain, entries);
+    let counted = counters(domain, entries, limits);
+    if counted.is_empty() {
+        return Ok(limits.first().map_or(Lookup::NoRule, Lookup::NotCounted));
+    }
+    let mut states = Vec::with_capacity(counted.len());
+    for (rule, key, quota) in counted {
+        let decision = store.peek(Ask::new(&key, &quota)).await?;
+        states.push(CounterState {
+            rule,
+            key,
+            decision,
+        });
+    }
+    Ok(Lookup::Counters(states))
 }
 
-/// Forgets the counter `entries` of `domain` are counted in: the next request sees the full
-/// quota. Answers with the counter's state after the reset.
+/// Forgets the counters `entries` of `domain` are counted in (every limit of their rule): the
+/// next request sees the full quotas. Answers with the counters' state after the reset.
 pub async fn reset<'r, S: Store + ?Sized>(
     rules: &'r RuleSet,
     store: &S,
     domain: &str,
     entries: &[Entry],
 ) -> Result<Lookup<'r>, StoreError> {
-    let Some((_, key, quota)) = counter(rules, domain, entries) else {
-        return inspect(rules, store, domain, entries).await;
-    };
-    store.reset(Ask::new(&key, &quota)).await?;
+    for (_, key, quota) in counters(domain, entries, rules.find_limits(domain, entries)) {
+        store.reset(Ask::new(&key, &quota)).await?;
+    }
     inspect(rules, store, domain, entries).await
 }
 
-/// The counted rule `entries` match, their counter key and the rule's quota.
-fn counter<'r>(
-    rules: &'r RuleSet,
+/// The counted limits among `limits` (of the rule `entries` match), with their counter keys
+/// and quotas.
+fn counters<'r>(
     domain: &str,
     entries: &[Entry],
-) -> Option<(&'r Rule, String, crate::Quota)> {
-    let rule = rules.find(domain, entries)?;
-    let Rate::Limited(quota) = rule.rate else {
-        return None;
-    };
-    let mut key = String::new();
-    write_rule_key(&mut key, domain, entries, rule);
-    Some((rule, key, quota))
+    limits: &'r [Rule],
+) -> Vec<(&'r Rule, String, crate::Quota)> {
+    limits
+        .iter()
+        .filter_map(|rule| {
+            let Rate::Limited(quota) = rule.rate else {
+                return None;
+            };
+            let mut key = String::new();
+            write_rule_key(&mut key, domain, entries, rule);
+            Some((rule, key, quota))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -134,21 +144,22 @@ mod tests {
         let bob = [Entry::new("user", "bob")];
         let request = [Descriptor::new(bob.to_vec())];
         check(&rules, &store, "d", &request, 2).await;
-        let Lookup::Counter(before) = inspect(&rules, &store, "d", &bob).await.unwrap() else {
+        let Lookup::Counters(before) = inspect(&rules, &store, "d", &bob).await.unwrap() else {
             panic!("counted");
         };
+        let before = &before[0];
         assert_eq!((before.decision.remaining, before.decision.burst), (1, 3));
         assert_eq!(before.rule.path, "user");
         assert!(before.key.starts_with("d|user=bob#"), "{}", before.key);
         // Inspecting takes nothing.
-        let Lookup::Counter(again) = inspect(&rules, &store, "d", &bob).await.unwrap() else {
+        let Lookup::Counters(again) = inspect(&rules, &store, "d", &bob).await.unwrap() else {
             panic!("counted");
         };
-        assert_eq!(again.decision.remaining, 1);
-        let Lookup::Counter(after) = reset(&rules, &store, "d", &bob).await.unwrap() else {
+        assert_eq!(again[0].decision.remaining, 1);
+        let Lookup::Counters(after) = reset(&rules, &store, "d", &bob).await.unwrap() else {
             panic!("counted");
         };
-        assert_eq!(after.decision.remaining, 3);
+        assert_eq!(after[0].decision.remaining, 3);
         assert!(check(&rules, &store, "d", &request, 3).await.allowed);
     }
 

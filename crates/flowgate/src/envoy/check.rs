@@ -35,7 +35,10 @@ pub enum Status {
     Counted(Result<Decision, StoreError>),
 }
 
-/// One descriptor's part of a [`Verdict`].
+/// One descriptor's part of a [`Verdict`]: its limit's answer. For a rule with several limits,
+/// the **binding** one's — the one that refused (of several, the one with the longest wait),
+/// or when all allow, the one with the least remaining — with the rest in
+/// [`others`](Self::others).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DescriptorVerdict<'r> {
     /// The limit applied, if any (also set for `Unlimited` and `Replaced`).
@@ -50,9 +53,31 @@ pub struct DescriptorVerdict<'r> {
     /// Whether a denial here denies the request: not in shadow mode (the rule's or the global
     /// one), and not a quota-mode limit while another quota-mode limit of the request passes.
     pub enforced: bool,
+    /// The other limits of the descriptor's rule, in definition order, each with its own
+    /// answer (and an empty `others`); empty for a rule with one limit.
+    pub others: Vec<DescriptorVerdict<'r>>,
 }
 
-impl DescriptorVerdict<'_> {
+impl<'r> DescriptorVerdict<'r> {
+    /// Every limit's answer: this (binding) one, then [`others`](Self::others).
+    pub fn limits(&self) -> impl Iterator<Item = &DescriptorVerdict<'r>> {
+        std::iter::once(self).chain(&self.others)
+    }
+
+    /// What picks the binding limit among a descriptor's limits, smallest first: a refusal
+    /// (over the limit, or failed), the longest wait first; then the least remaining.
+    fn binding_order(&self) -> (bool, std::cmp::Reverse<Duration>, u64) {
+        let refuses = self.denies() || self.over_limit();
+        let (wait, remaining) = match &self.status {
+            Status::Counted(Ok(d)) => (d.retry_after, d.remaining),
+            Status::Blocked { period } => (*period, 0),
+            Status::Counted(Err(_)) => (Duration::MAX, 0),
+            _ => (Duration::ZERO, u64::MAX),
+        };
+        let wait = if refuses { wait } else { Duration::ZERO };
+        (!refuses, std::cmp::Reverse(wait), remaining)
+    }
+
     /// Whether this descriptor lets the request through: everything but an enforced denial,
     /// block or failure.
     pub fn allows(&self) -> bool {
@@ -172,6 +197,7 @@ pub async fn check_with<'r, S: Store + ?Sized>(
                 hits: d.hits_addend.unwrap_or(request_hits),
                 charge: false,
                 enforced: !modes.shadow_mode,
+                others: Vec::new(),
             };
             return Verdict {
                 allowed: modes.shadow_mode,
@@ -180,7 +206,7 @@ pub async fn check_with<'r, S: Store + ?Sized>(
             };
         }
     };
-    let plan = Plan::new(resolved, modes);
+    let plan = Plan::new(resolved, descriptors.len(), modes);
     if let [only] = plan.counted.as_slice() {
         // One limit: its key in a reused buffer, decided here if the store answers at once.
         let now = crate::scratch::with_buffer(|key| {
@@ -210,17 +236,22 @@ pub async fn check_with<'r, S: Store + ?Sized>(
     plan.verdict(outcome.results)
 }
 
-/// A descriptor the store is asked about.
+/// A limit the store is asked about.
 struct Counted {
-    /// Its index in the request.
+    /// Its index in the resolved limits.
     index: usize,
     /// The quota it is counted under.
     quota: Quota,
+    /// Whether the ask before it is another limit of the same descriptor.
+    after_sibling: bool,
 }
 
 /// A resolved request, before the store's answers are in.
 struct Plan<'r> {
+    /// Every descriptor's limits (one each, unless a rule has several).
     resolved: Vec<Resolved<'r>>,
+    /// How many descriptors the request has.
+    descriptors: usize,
     /// The descriptors asked of the store, in request order (inline: no allocation for up to
     /// two).
     counted: smallvec::SmallVec<[Counted; 2]>,
@@ -235,7 +266,7 @@ struct Plan<'r> {
 }
 
 impl<'r> Plan<'r> {
-    fn new(resolved: Vec<Resolved<'r>>, modes: Modes) -> Self {
+    fn new(resolved: Vec<Resolved<'r>>, descriptors: usize, modes: Modes) -> Self {
         let mut counted = smallvec::SmallVec::with_capacity(resolved.len());
         // One pass: what is counted, whether a blocked limit outside quota mode is enforced,
         // and whether every quota-mode limit is blocked and enforced (a shadow quota-mode
@@ -250,7 +281,14 @@ impl<'r> Plan<'r> {
                     || matches!(applied, AppliedLimit::Rule(rule) if rule.quota_mode));
             let blocked_enforced = matches!(rate, Rate::Blocked { .. }) && !applied.shadow_mode();
             if let Rate::Limited(quota) = rate {
-                counted.push(Counted { index, quota });
+                let after_sibling = counted
+                    .last()
+                    .is_some_and(|c: &Counted| resolved[c.index].descriptor == r.descriptor);
+                counted.push(Counted {
+                    index,
+                    quota,
+                    after_sibling,
+                });
             }
             if quota {
                 has_quota = true;
@@ -263,6 +301,7 @@ impl<'r> Plan<'r> {
             !modes.shadow_mode && (blocked_outside_quota || has_quota && quotas_all_blocked);
         Plan {
             resolved,
+            descriptors,
             counted,
             blocked_enforced,
             has_quota,
@@ -279,7 +318,7 @@ impl<'r> Plan<'r> {
         descriptors: &[Descriptor],
         counted: &Counted,
     ) {
-        let entries = &descriptors[counted.index].entries;
+        let entries = &descriptors[self.resolved[counted.index].descriptor].entries;
         match self.resolved[counted.index].applied {
             Some(AppliedLimit::Rule(rule)) => write_rule_key(key, domain, entries, rule),
             _ => write_key(key, domain, entries, &quota_suffix(&counted.quota)),
@@ -291,12 +330,16 @@ impl<'r> Plan<'r> {
     fn ask<'a>(&self, key: &'a str, counted: &'a Counted) -> Ask<'a> {
         let r = &self.resolved[counted.index];
         let peek_only = self.blocked_enforced && !r.charge;
+        let quota_mode = self.has_quota && is_quota(r, self.modes);
+        // Another limit of the same quota-mode descriptor, right before it among the asks.
+        let joins_previous = quota_mode && counted.after_sibling;
         Ask::new(key, &counted.quota)
             .cost(if peek_only { 0 } else { r.hits })
             .charge(r.charge)
             .fail(r.applied.and_then(|a| a.fail()))
             .shadow(self.modes.shadow_mode || r.applied.is_some_and(|a| a.shadow_mode()))
-            .quota_mode(self.has_quota && is_quota(r, self.modes))
+            .quota_mode(quota_mode)
+            .joins_previous(joins_previous)
     }
 
     /// The verdict, given the store's `results` for the counted descriptors (in order).
@@ -338,16 +381,27 @@ impl<'r> Plan<'r> {
                     hits: r.hits,
                     charge: r.charge,
                     enforced: true,
+                    others: Vec::new(),
                 }
             })
             .collect();
         let mut allowed = true;
         if self.has_quota {
-            // Quota mode: its limits deny only if all of them do.
+            // Quota mode: its descriptors deny only if all of them do (a descriptor denies when
+            // any of its limits does).
             let quota = |i: usize| is_quota(&self.resolved[i], self.modes);
-            let mut quota_verdicts = descriptors.iter().enumerate().filter(|(i, _)| quota(*i));
-            let quotas_all_deny =
-                quota_verdicts.clone().next().is_some() && quota_verdicts.all(|(_, d)| d.denies());
+            let mut denying = smallvec::SmallVec::<[bool; 4]>::from_elem(false, self.descriptors);
+            let mut is_quota_descriptor = denying.clone();
+            for (i, d) in descriptors.iter().enumerate() {
+                if quota(i) {
+                    let at = self.resolved[i].descriptor;
+                    is_quota_descriptor[at] = true;
+                    denying[at] |= d.denies();
+                }
+            }
+            let mut quota_descriptors = (0..self.descriptors).filter(|&at| is_quota_descriptor[at]);
+            let quotas_all_deny = quota_descriptors.clone().next().is_some()
+                && quota_descriptors.all(|at| denying[at]);
             for (i, d) in descriptors.iter_mut().enumerate() {
                 let enforced = !quota(i) || quotas_all_deny;
                 allowed &= !enforced || !d.denies();
@@ -359,11 +413,40 @@ impl<'r> Plan<'r> {
                 d.enforced = !self.modes.shadow_mode;
             }
         }
+        if descriptors.len() > self.descriptors {
+            descriptors = self.bind(descriptors);
+        }
         Verdict {
             allowed: allowed || self.modes.shadow_mode,
             shadowed: !allowed && self.modes.shadow_mode,
             descriptors,
         }
+    }
+
+    /// One verdict per descriptor from one per limit: a rule's several limits become its
+    /// binding limit's verdict, the others beside it.
+    fn bind(&self, limits: Vec<DescriptorVerdict<'r>>) -> Vec<DescriptorVerdict<'r>> {
+        let mut out: Vec<DescriptorVerdict<'r>> = Vec::with_capacity(self.descriptors);
+        let mut group: Vec<DescriptorVerdict<'r>> = Vec::new();
+        let mut limits = limits.into_iter().zip(&self.resolved).peekable();
+        while let Some((verdict, r)) = limits.next() {
+            group.push(verdict);
+            if limits
+                .peek()
+                .is_some_and(|(_, next)| next.descriptor == r.descriptor)
+            {
+                continue;
+            }
+            let binding = group
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, d)| d.binding_order())
+                .map_or(0, |(i, _)| i);
+            let mut first = group.remove(binding);
+            first.others = std::mem::take(&mut group);
+            out.push(first);
+        }
+        out
     }
 }
 
@@ -387,7 +470,7 @@ fn is_quota(r: &Resolved<'_>, modes: Modes) -> bool {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::envoy::{DomainSpec, Entry, LimitOverride, LimitSpec, RuleSpec, Unit};
+    use crate::envoy::{DomainSpec, Entry, LimitOverride, LimitSpec, Rule, RuleSpec, Unit};
     use crate::quota::{Algorithm, Quota};
     use crate::store::MemoryStore;
     use std::time::Duration;
@@ -558,9 +641,10 @@ mod tests {
         let lookup = crate::envoy::inspect(&rules, &store, "c", &req("api/zzz", "GET")[0].entries)
             .await
             .unwrap();
-        let crate::envoy::Lookup::Counter(state) = lookup else {
+        let crate::envoy::Lookup::Counters(states) = lookup else {
             panic!("{lookup:?}");
         };
+        let state = &states[0];
         assert!(state.key.contains("route=api/*|"), "{}", state.key);
         assert_eq!(state.decision.remaining, 0);
     }
@@ -839,5 +923,277 @@ mod tests {
             unit: Unit::Second,
         });
         assert!(!check(&rules, &store, "d", &[d], 1).await.allowed);
+    }
+
+    /// "2 per minute and 5 per hour for each key" (fixed windows), and a quota-mode pair.
+    fn two_limit_rules() -> RuleSet {
+        let hourly = || {
+            LimitSpec::new(Rate::Limited(
+                Quota::new(5, Duration::from_secs(3600))
+                    .unwrap()
+                    .with_algorithm(Algorithm::FixedWindow)
+                    .unwrap(),
+            ))
+        };
+        RuleSet::build(vec![DomainSpec::new(
+            "m",
+            vec![
+                RuleSpec::new("key")
+                    .with_limit(per_minute(2).named("minute"))
+                    .with_limit(hourly().named("hour")),
+                RuleSpec::new("q")
+                    .quota()
+                    .with_limit(per_minute(1))
+                    .with_limit(hourly()),
+                RuleSpec::new("q2").quota().with_limit(per_minute(3)),
+                RuleSpec::new("charged")
+                    .with_limit(per_minute(2).charged())
+                    .with_limit(hourly().charged()),
+                RuleSpec::new("qr")
+                    .quota()
+                    .with_limit(per_minute(5).named("qr_minute"))
+                    .with_limit(hourly()),
+                RuleSpec::new("replacer").with_limit(per_minute(100).replacing(["qr_minute"])),
+            ],
+        )])
+        .unwrap()
+    }
+
+    /// A descriptor that takes nothing (`hits_addend: 0`).
+    fn peek(key: &str, value: &str) -> Descriptor {
+        let mut d = one(key, value);
+        d.hits_addend = Some(0);
+        d
+    }
+
+    fn binding(v: &Verdict<'_>, i: usize) -> (Option<String>, u64, bool) {
+        let d = &v.descriptors[i];
+        let Status::Counted(Ok(decision)) = &d.status else {
+            panic!("{d:?}")
+        };
+        let Some(AppliedLimit::Rule(rule)) = d.applied else {
+            panic!("{d:?}")
+        };
+        (rule.name.clone(), decision.remaining, decision.allowed)
+    }
+
+    #[tokio::test]
+    async fn every_limit_of_a_rule_must_allow_and_a_refusal_burns_none() {
+        let rules = two_limit_rules();
+        let clock = ManualClock::new(1 << 40);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let key = [one("key", "k1")];
+        // All allow: the binding limit is the one with the least remaining.
+        let v = check(&rules, &store, "m", &key, 1).await;
+        assert!(v.allowed);
+        assert_eq!(binding(&v, 0), (Some("minute".into()), 1, true));
+        assert_eq!(v.descriptors[0].others.len(), 1);
+        assert_eq!(v.descriptors[0].limits().count(), 2);
+        assert!(check(&rules, &store, "m", &key, 1).await.allowed);
+        // The minute refuses: named as binding, and the hour's unit is given back.
+        let v = check(&rules, &store, "m", &key, 1).await;
+        assert!(!v.allowed);
+        assert_eq!(binding(&v, 0), (Some("minute".into()), 0, false));
+        let Status::Counted(Ok(hour)) = &v.descriptors[0].others[0].status else {
+            panic!("{v:?}")
+        };
+        // What the hour said at the time; its unit was given back (seen below).
+        assert_eq!((hour.allowed, hour.remaining), (true, 2));
+        for _ in 0..5 {
+            assert!(!check(&rules, &store, "m", &key, 1).await.allowed);
+        }
+        clock.advance(Duration::from_secs(60));
+        // 3 of the hour left: 2 now, 1 the next minute, then the hour refuses.
+        assert!(check(&rules, &store, "m", &key, 1).await.allowed);
+        let v = check(&rules, &store, "m", &key, 1).await;
+        assert_eq!(binding(&v, 0), (Some("minute".into()), 0, true));
+        clock.advance(Duration::from_secs(60));
+        let v = check(&rules, &store, "m", &key, 1).await;
+        assert!(v.allowed);
+        assert_eq!(binding(&v, 0), (Some("hour".into()), 0, true));
+        let v = check(&rules, &store, "m", &key, 1).await;
+        assert!(!v.allowed);
+        assert_eq!(binding(&v, 0), (Some("hour".into()), 0, false));
+        // The minute allowed (its answer at the time)…
+        let Status::Counted(Ok(minute)) = &v.descriptors[0].others[0].status else {
+            panic!("{v:?}")
+        };
+        assert_eq!((minute.allowed, minute.remaining), (true, 0));
+        // …but its unit was given back: the admin sees 1 left, and resets both counters.
+        let entries = &key[0].entries;
+        let crate::envoy::Lookup::Counters(counters) =
+            crate::envoy::inspect(&rules, &store, "m", entries)
+                .await
+                .unwrap()
+        else {
+            panic!("counted")
+        };
+        let left: Vec<u64> = counters.iter().map(|c| c.decision.remaining).collect();
+        assert_eq!(left, [1, 0]);
+        assert_ne!(counters[0].key, counters[1].key);
+        crate::envoy::reset(&rules, &store, "m", entries)
+            .await
+            .unwrap();
+        let v = check(&rules, &store, "m", &[peek("key", "k1")], 1).await;
+        let left: Vec<u64> = v.descriptors[0]
+            .limits()
+            .map(|d| match &d.status {
+                Status::Counted(Ok(d)) => d.remaining,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(left, [2, 5]);
+    }
+
+    #[tokio::test]
+    async fn several_limits_beside_other_descriptors_refund_exactly() {
+        /// Four requests of `key` (2 per minute, 5 per hour) with `other`; then what is left.
+        async fn run<S: Store>(rules: &RuleSet, store: &S) -> Verdict<'static> {
+            let request = [one("key", "a"), one("q2", "x")];
+            for n in 0..4 {
+                let v = check(rules, store, "m", &request, 1).await;
+                assert_eq!(v.allowed, n < 2, "request {n}");
+            }
+            let v = check(rules, store, "m", &[peek("key", "a"), peek("q2", "x")], 1).await;
+            let left = v.descriptors.iter().flat_map(DescriptorVerdict::limits);
+            let left: Vec<Status> = left.map(|d| d.status.clone()).collect();
+            Verdict {
+                allowed: v.allowed,
+                shadowed: false,
+                descriptors: left
+                    .into_iter()
+                    .map(|status| DescriptorVerdict {
+                        applied: None,
+                        status,
+                        hits: 0,
+                        charge: false,
+                        enforced: true,
+                        others: Vec::new(),
+                    })
+                    .collect(),
+            }
+        }
+        let rules = two_limit_rules();
+        let a = run(&rules, &store()).await;
+        let b = run(&rules, &Waiting(store())).await;
+        assert_eq!(a, b, "at once and through the futures");
+        let left: Vec<u64> = a
+            .descriptors
+            .iter()
+            .map(|d| match &d.status {
+                Status::Counted(Ok(d)) => d.remaining,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // key: minute 0 of 2, hour 3 of 5; q2 (alone in quota mode): 1 of 3.
+        assert_eq!(left, [0, 3, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_quota_mode_descriptor_with_several_limits_denies_when_any_of_them_does() {
+        let rules = two_limit_rules();
+        let store = store();
+        let request = [one("q", "u"), one("q2", "u")];
+        // 1st: both pass. 2nd: q's minute denies (so q denies), q2 passes: allowed.
+        assert!(check(&rules, &store, "m", &request, 1).await.allowed);
+        let v = check(&rules, &store, "m", &request, 1).await;
+        assert!(v.allowed && v.descriptors[0].denies() && !v.descriptors[0].enforced);
+        // 3rd: q2 passes again; 4th: q2 exhausted too, so denied, and nothing is consumed.
+        assert!(check(&rules, &store, "m", &request, 1).await.allowed);
+        let v = check(&rules, &store, "m", &request, 1).await;
+        assert!(!v.allowed);
+        let v = check(&rules, &store, "m", &[peek("q", "u")], 1).await;
+        let Status::Counted(Ok(hour)) = &v.descriptors[0].others[0].status else {
+            panic!("{v:?}")
+        };
+        assert_eq!(
+            hour.remaining, 2,
+            "taken by the three allowed requests only"
+        );
+    }
+
+    #[tokio::test]
+    async fn quota_groups_follow_descriptors_when_a_limit_is_replaced() {
+        // qr's minute is replaced: its hour alone is asked, right after q2's ask, and must not
+        // be taken for another limit of q2's descriptor.
+        let rules = two_limit_rules();
+        let store = store();
+        let request = [one("q2", "x"), one("qr", "x"), one("replacer", "x")];
+        for n in 0..4 {
+            let v = check(&rules, &store, "m", &request, 1).await;
+            assert!(v.allowed, "request {n}: qr's hour allows: {v:?}");
+        }
+        let v = check(&rules, &store, "m", &[peek("qr", "x")], 1).await;
+        let left: Vec<(Option<&str>, u64)> = v.descriptors[0]
+            .limits()
+            .map(|d| match (&d.applied, &d.status) {
+                (Some(AppliedLimit::Rule(rule)), Status::Counted(Ok(d))) => {
+                    (rule.name.as_deref(), d.remaining)
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // The hour binds (least remaining): four allowed requests took four of its units;
+        // the replaced minute none.
+        assert_eq!(left, [(None, 1), (Some("qr_minute"), 5)]);
+    }
+
+    #[tokio::test]
+    async fn a_charge_is_taken_on_every_limit() {
+        let rules = two_limit_rules();
+        let store = store();
+        let v = check(&rules, &store, "m", &[one("charged", "c")], 3).await;
+        assert!(v.allowed, "a charge is taken whatever the limits say");
+        let v = check(&rules, &store, "m", &[peek("charged", "c")], 1).await;
+        assert!(!v.allowed);
+        let left: Vec<(bool, u64)> = v.descriptors[0]
+            .limits()
+            .map(|d| match &d.status {
+                Status::Counted(Ok(d)) => (d.allowed, d.remaining),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(left, [(false, 0), (true, 2)]);
+    }
+
+    #[test]
+    fn several_limits_are_validated() {
+        let build = |rule: RuleSpec| RuleSet::build(vec![DomainSpec::new("d", vec![rule])]);
+        let err = |rule| build(rule).unwrap_err().kind;
+        let rule = || RuleSpec::new("k").with_limit(per_minute(1).named("a"));
+        assert_eq!(
+            err(rule().with_limit(per_minute(1))),
+            crate::envoy::RuleErrorKind::DuplicateLimit {
+                index: 1,
+                what: "quota"
+            }
+        );
+        assert_eq!(
+            err(rule().with_limit(per_minute(2).named("a"))),
+            crate::envoy::RuleErrorKind::DuplicateLimit {
+                index: 1,
+                what: "name"
+            }
+        );
+        assert_eq!(
+            err(rule().with_limit(per_minute(2).replacing(["a"]))),
+            crate::envoy::RuleErrorKind::ReplacesItself("a".into())
+        );
+        assert_eq!(
+            err(rule().with_limit(LimitSpec::new(Rate::Unlimited))),
+            crate::envoy::RuleErrorKind::UncountedAmongLimits
+        );
+        let set = build(rule().with_limit(per_minute(2))).unwrap();
+        let names: Vec<&str> = set.rules().iter().map(Rule::display_name).collect();
+        assert_eq!(names, ["a", "k#1"]);
+        let entries = [Entry::new("k", "v")];
+        let paths: Vec<String> = set
+            .rules()
+            .iter()
+            .map(|r| r.metric_name(&entries))
+            .collect();
+        assert_eq!(paths, ["k#0", "k#1"], "each limit in its own series");
+        assert_eq!(set.find_limits("d", &entries).len(), 2);
+        assert_eq!(set.find("d", &[Entry::new("k", "v")]).unwrap().id, 0);
     }
 }

@@ -36,6 +36,12 @@
 //!   shadow mode counts but never denies.
 //! * A rule whose `name` is listed in the `replaces` of another rule matched by the same request
 //!   is skipped.
+//! * A rule may carry several limits ([`RuleSpec::limits`], "10 per second and 10,000 per
+//!   day"), each with its own counter, name, `replaces`, `fail` and `charge`; all must allow,
+//!   and a request one refuses consumes nothing from the others. The descriptor's answer is
+//!   its binding limit's — the one that refused (the longest wait first), else the one with
+//!   the least remaining — with the others beside it ([`DescriptorVerdict::others`]). In
+//!   quota mode the descriptor is over its quota when any of its limits is.
 //! * Charges ([`Ask::charge`](crate::store::Ask::charge): usage that already happened, always
 //!   taken, into debt past the limit): a descriptor marked [`Descriptor::charge`], or hits
 //!   above zero on a rule whose limit [`charge`](LimitSpec::charge)s. A charge is never

@@ -49,9 +49,12 @@ impl AppliedLimit<'_> {
     }
 }
 
-/// Which limit applies to one descriptor, before any store is asked.
+/// Which limit applies to one descriptor, before any store is asked: one per descriptor, or
+/// one per limit of a rule with several (consecutive, in the rule's order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resolved<'r> {
+    /// The index of the request descriptor this limit applies to.
+    pub descriptor: usize,
     /// The limit that matched (`None`: no rule matched, or the domain is unknown).
     pub applied: Option<AppliedLimit<'r>>,
     /// Whether another matched rule's `replaces` names this one: it is skipped.
@@ -62,8 +65,8 @@ pub struct Resolved<'r> {
     pub charge: bool,
 }
 
-/// Which limit applies to each descriptor, before asking any store: [`RuleSet::find`], limit
-/// overrides and `replaces`. `hits_addend` is the request's cost (0 means 1); a descriptor's
+/// Which limits apply to each descriptor, before asking any store: [`RuleSet::find_limits`],
+/// limit overrides and `replaces` (a limit's name, replaced by any other limit matched). `hits_addend` is the request's cost (0 means 1); a descriptor's
 /// own wins. An invalid override (a rate above one per nanosecond) is an error.
 pub fn resolve<'r>(
     rules: &'r RuleSet,
@@ -74,29 +77,35 @@ pub fn resolve<'r>(
     let request_hits = hits_addend.max(1);
     let domain_rules = rules.domain(domain);
     let mut resolved = Vec::with_capacity(descriptors.len());
-    for descriptor in descriptors {
-        let applied = match (domain_rules, descriptor.limit) {
-            (None, _) => None,
+    for (index, descriptor) in descriptors.iter().enumerate() {
+        let hits = descriptor.hits_addend.unwrap_or(request_hits);
+        let mut push = |applied: Option<AppliedLimit<'r>>| {
+            let rule_charges = matches!(applied, Some(AppliedLimit::Rule(rule)) if rule.charge);
+            resolved.push(Resolved {
+                descriptor: index,
+                applied,
+                replaced: false,
+                hits,
+                charge: descriptor.charge || (rule_charges && hits > 0),
+            });
+        };
+        match (domain_rules, descriptor.limit) {
+            (None, _) => push(None),
             (Some(_), Some(over)) if over.requests_per_unit == 0 => {
-                Some(AppliedLimit::Override(over, None))
+                push(Some(AppliedLimit::Override(over, None)));
             }
             (Some(_), Some(over)) => {
                 let quota = Quota::new(over.requests_per_unit, over.unit.duration())?
                     .with_algorithm(Algorithm::default())?;
-                Some(AppliedLimit::Override(over, Some(quota)))
+                push(Some(AppliedLimit::Override(over, Some(quota))));
             }
-            (Some(domain_rules), None) => domain_rules
-                .find(&descriptor.entries)
-                .map(AppliedLimit::Rule),
-        };
-        let hits = descriptor.hits_addend.unwrap_or(request_hits);
-        let rule_charges = matches!(applied, Some(AppliedLimit::Rule(rule)) if rule.charge);
-        resolved.push(Resolved {
-            applied,
-            replaced: false,
-            hits,
-            charge: descriptor.charge || (rule_charges && hits > 0),
-        });
+            (Some(domain_rules), None) => match domain_rules.find_limits(&descriptor.entries) {
+                [] => push(None),
+                limits => limits
+                    .iter()
+                    .for_each(|rule| push(Some(AppliedLimit::Rule(rule)))),
+            },
+        }
     }
     // `replaces`: a named rule is skipped when any matched rule (even an unlimited one) names it.
     let replaced: Vec<&str> = resolved

@@ -101,8 +101,12 @@ pub struct RuleSpec {
     /// The entry's value: `None` matches every value (one counter per distinct value); a value
     /// with `*` is a [`Wildcard`](super::Wildcard): each `*` matches any run of characters.
     pub value: Option<String>,
-    /// The limit applied when a request's descriptor ends at this rule.
-    pub limit: Option<LimitSpec>,
+    /// The limits applied when a request's descriptor ends at this rule: none, one, or
+    /// several that must all allow ("10 per second and 10,000 per day"). Each is counted in
+    /// its own counter; a request one refuses consumes nothing from the others. Several limits
+    /// must differ in quota and in name, must each count (not `unlimited`, not 0 requests)
+    /// and must not replace each other.
+    pub limits: Vec<LimitSpec>,
     /// Count but never deny.
     pub shadow_mode: bool,
     /// Quota mode: a denial of this rule's limit denies the request only if every quota-mode
@@ -128,7 +132,7 @@ impl RuleSpec {
         RuleSpec {
             key: key.into(),
             value: None,
-            limit: None,
+            limits: Vec::new(),
             shadow_mode: false,
             quota_mode: false,
             detailed_metric: false,
@@ -145,9 +149,25 @@ impl RuleSpec {
         self
     }
 
-    /// The same rule with a limit.
+    /// The same rule with one more limit: once for a rule with one limit, again for each
+    /// further limit that must allow too.
+    ///
+    /// ```
+    /// use flowgate::envoy::{DomainSpec, Entry, LimitSpec, Rate, RuleSet, RuleSpec};
+    /// use flowgate::Quota;
+    /// use std::time::Duration;
+    /// let per_day = Quota::new(10_000, Duration::from_secs(86_400)).unwrap();
+    /// let rules = RuleSet::build(vec![DomainSpec::new("api", vec![
+    ///     RuleSpec::new("api_key")
+    ///         .with_limit(LimitSpec::new(Rate::Limited(Quota::per_second(10))))
+    ///         .with_limit(LimitSpec::new(Rate::Limited(per_day))),
+    /// ])]).unwrap();
+    /// let limits = rules.find_limits("api", &[Entry::new("api_key", "k1")]);
+    /// assert_eq!(limits.len(), 2);
+    /// assert_eq!(limits[1].rate.limit(), Some(10_000));
+    /// ```
     pub fn with_limit(mut self, limit: LimitSpec) -> Self {
-        self.limit = Some(limit);
+        self.limits.push(limit);
         self
     }
 
@@ -213,11 +233,18 @@ impl DomainSpec {
     }
 }
 
-/// A rule that carries a limit, as built into a [`RuleSet`](super::RuleSet).
+/// One limit of a rule, as built into a [`RuleSet`](super::RuleSet): a rule with several
+/// limits ([`RuleSpec::limits`]) is several `Rule`s with the same path, one after the other in
+/// [`RuleSet::rules`](super::RuleSet::rules).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
-    /// Position in [`RuleSet::rules`](super::RuleSet::rules): a small, dense id for per-rule metrics.
+    /// Position in [`RuleSet::rules`](super::RuleSet::rules): a small, dense id for per-rule
+    /// (per-limit) metrics.
     pub id: usize,
+    /// Which of its rule's limits this is (0 for the first or only one).
+    pub limit_index: usize,
+    /// How many limits its rule has (1 for most rules).
+    pub limit_count: usize,
     /// The domain the rule belongs to.
     pub domain: String,
     /// The rule's place in its domain's tree, as envoyproxy/ratelimit names it in its stats:
@@ -249,6 +276,9 @@ pub struct Rule {
     pub(super) counter_suffix: String,
     /// Whether a level shares its counter (`share_threshold`), computed once.
     pub(super) shares: bool,
+    /// The name shown when the limit has none: the path, with `#index` for a rule with several
+    /// limits ([`display_name`](Rule::display_name)), built once.
+    pub(super) unnamed: String,
 }
 
 /// How a rule, or one of its ancestors, matches its entry of a descriptor: what counter keys
@@ -319,9 +349,17 @@ impl Rule {
         &self.counter_suffix
     }
 
-    /// The name to show clients: the limit's `name`, else its path.
+    /// The name to show clients: the limit's `name`, else its path (for a rule with several
+    /// limits, followed by `#` and the limit's index, so every limit's name is distinct).
     pub fn display_name(&self) -> &str {
-        self.name.as_deref().unwrap_or(&self.path)
+        self.name.as_deref().unwrap_or(&self.unnamed)
+    }
+
+    /// The limit's own series name: its [`path`](Rule::path), followed by `#` and its index for
+    /// one of a rule's several limits (`api_key#0`, `api_key#1`), so each limit is counted
+    /// apart in metrics.
+    pub fn limit_path(&self) -> &str {
+        &self.unnamed
     }
 
     /// Whether some level shares its counter among its wildcard's matches (`share_threshold`).
@@ -351,7 +389,8 @@ impl Rule {
     ///   or `key_value` with `value_to_metric` (unless `share_threshold`); a rule without value
     ///   as `key`, or `key_value` with `value_to_metric`.
     ///
-    /// Without either flag this is [`path`](Rule::path).
+    /// Without either flag this is [`path`](Rule::path). For one of a rule's several limits,
+    /// `#` and the limit's index follow, as in [`limit_path`](Rule::limit_path).
     pub fn metric_name(&self, entries: &[crate::envoy::Entry]) -> String {
         let mut name = String::new();
         for (i, (level, entry)) in self.levels.iter().zip(entries).enumerate() {
@@ -378,6 +417,10 @@ impl Rule {
                 name.push('_');
                 name.push_str(value);
             }
+        }
+        if self.limit_count > 1 {
+            // Writing to a String cannot fail.
+            let _ = write!(name, "#{}", self.limit_index);
         }
         name
     }
@@ -427,9 +470,22 @@ pub enum RuleErrorKind {
     /// An empty name in `replaces`.
     #[error("`replaces` must not contain an empty name")]
     EmptyReplaces,
-    /// A limit that replaces itself.
-    #[error("limit `{0}` must not replace itself")]
+    /// A limit that replaces itself, or another limit of its own rule.
+    #[error("limit `{0}` must not replace itself or another limit of its rule")]
     ReplacesItself(String),
+    /// A limit of a rule with several that is `unlimited` (it would have no effect) or blocks
+    /// everything (the others would have none).
+    #[error("a rule with several limits must not have an `unlimited` one or one of 0 requests")]
+    UncountedAmongLimits,
+    /// Two limits of one rule with the same quota (they would share one counter) or the same
+    /// name.
+    #[error("limit {index} of this rule repeats the {what} of another of its limits")]
+    DuplicateLimit {
+        /// The repeating limit's index in [`RuleSpec::limits`].
+        index: usize,
+        /// `quota` or `name`.
+        what: &'static str,
+    },
     /// `share_threshold` on a rule whose value has no `*`.
     #[error("`share_threshold` needs a wildcard value (with `*`)")]
     ShareWithoutWildcard,

@@ -2,11 +2,12 @@
 //! request descriptors against it (see the [module docs](super) for the rules).
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use super::descriptor::Entry;
 use super::rules::{
-    DomainSpec, Level as RuleLevel, LevelValue, Rate, Rule, RuleError, RuleErrorKind, RulePath,
-    RuleSpec, quota_suffix,
+    DomainSpec, Level as RuleLevel, LevelValue, LimitSpec, Rate, Rule, RuleError, RuleErrorKind,
+    RulePath, RuleSpec, quota_suffix,
 };
 use super::wildcard::Wildcard;
 
@@ -36,8 +37,8 @@ struct KeyRules {
 /// A rule in the tree.
 #[derive(Debug, Default)]
 struct Node {
-    /// Index of the rule's limit in [`RuleSet::rules`], if it has one.
-    rule: Option<usize>,
+    /// Indices of the rule's limits in [`RuleSet::rules`] (empty: no limit).
+    limits: Range<usize>,
     /// Rules for the next entry.
     children: Level,
 }
@@ -164,23 +165,24 @@ impl RuleSet {
                 value_to_metric: spec.value_to_metric,
             });
             let mut node = Node::default();
-            if let Some(limit) = spec.limit {
-                if limit.replaces.iter().any(String::is_empty) {
-                    return Err(fail(RuleErrorKind::EmptyReplaces));
-                }
-                if let Some(name) = &limit.name
-                    && limit.replaces.contains(name)
-                {
-                    return Err(fail(RuleErrorKind::ReplacesItself(name.clone())));
-                }
-                node.rule = Some(self.rules.len());
+            validate_limits(&spec.limits).map_err(fail)?;
+            let (first, count) = (self.rules.len(), spec.limits.len());
+            node.limits = first..first + count;
+            for (limit_index, limit) in spec.limits.into_iter().enumerate() {
                 let counter_suffix = match limit.rate {
                     Rate::Limited(quota) => quota_suffix(&quota),
                     _ => String::new(),
                 };
+                let unnamed = if count > 1 {
+                    format!("{rule_path}#{limit_index}")
+                } else {
+                    rule_path.clone()
+                };
                 self.rules.push(Rule {
                     counter_suffix,
                     id: self.rules.len(),
+                    limit_index,
+                    limit_count: count,
                     domain: domain.to_owned(),
                     path: rule_path.clone(),
                     rate: limit.rate,
@@ -191,9 +193,10 @@ impl RuleSet {
                     charge: limit.charge,
                     quota_mode: spec.quota_mode,
                     detailed_metric: spec.detailed_metric,
-                    metadata: spec.metadata,
+                    metadata: spec.metadata.clone(),
                     shares: levels.iter().any(|l| l.shared_pattern().is_some()),
                     levels: levels.clone(),
+                    unnamed,
                 });
             }
             self.load_level(
@@ -227,9 +230,18 @@ impl RuleSet {
 
     /// The rule whose limit applies to a request descriptor in `domain`, following
     /// envoyproxy/ratelimit's matching (see the [module docs](super)). `None` when the domain is
-    /// unknown or no rule with a limit matches at the descriptor's depth.
+    /// unknown or no rule with a limit matches at the descriptor's depth. For a rule with
+    /// several limits, its first; [`find_limits`](Self::find_limits) gives them all.
     pub fn find(&self, domain: &str, entries: &[Entry]) -> Option<&Rule> {
-        self.domain(domain)?.find(entries)
+        self.find_limits(domain, entries).first()
+    }
+
+    /// Every limit of the rule a request descriptor in `domain` matches, in definition order:
+    /// empty when [`find`](Self::find) finds nothing, one for most rules, several for a rule
+    /// whose limits must all allow.
+    pub fn find_limits(&self, domain: &str, entries: &[Entry]) -> &[Rule] {
+        self.domain(domain)
+            .map_or(&[][..], |rules| rules.find_limits(entries))
     }
 
     /// The rules of `domain`, for several lookups in one domain.
@@ -267,23 +279,33 @@ pub struct DomainRules<'a> {
 impl<'a> DomainRules<'a> {
     /// [`RuleSet::find`] within this domain.
     pub fn find(&self, entries: &[Entry]) -> Option<&'a Rule> {
+        self.find_limits(entries).first()
+    }
+
+    /// [`RuleSet::find_limits`] within this domain.
+    pub fn find_limits(&self, entries: &[Entry]) -> &'a [Rule] {
         let mut level = self.root;
-        let last = entries.len().checked_sub(1)?;
+        let Some(last) = entries.len().checked_sub(1) else {
+            return &[];
+        };
         for (depth, entry) in entries.iter().enumerate() {
-            let node = level.lookup(entry)?;
+            let Some(node) = level.lookup(entry) else {
+                return &[];
+            };
             if depth == last {
-                return node.rule.map(|i| &self.set.rules[i]);
+                return &self.set.rules[node.limits.clone()];
             }
             if node.children.is_empty() {
-                return None;
+                return &[];
             }
             level = &node.children;
         }
-        None
+        &[]
     }
 
-    /// The rule for an **unordered** set of entries — an RLQS `BucketId`, a map — and the
-    /// entries in the order the rule tree takes them (the descriptor they amount to).
+    /// The limits of the rule for an **unordered** set of entries — an RLQS `BucketId`, a map —
+    /// (never empty; one for most rules, as [`find_limits`](Self::find_limits)) and the entries
+    /// in the order the rule tree takes them (the descriptor they amount to).
     ///
     /// The tree is walked as [`find`](Self::find) walks a descriptor, except that the next
     /// entry is chosen among those not yet used: at each level, the first entry (in key
@@ -299,11 +321,11 @@ impl<'a> DomainRules<'a> {
     ///     RuleSpec::new("tenant").with_children(vec![RuleSpec::new("path").with_limit(limit)]),
     /// ])]).unwrap();
     /// let bucket = [Entry::new("path", "/x"), Entry::new("tenant", "t1")];
-    /// let (rule, ordered) = rules.domain("d").unwrap().find_unordered(&bucket).unwrap();
-    /// assert_eq!(rule.path, "tenant.path");
+    /// let (limits, ordered) = rules.domain("d").unwrap().find_unordered(&bucket).unwrap();
+    /// assert_eq!(limits[0].path, "tenant.path");
     /// assert_eq!(ordered[0], Entry::new("tenant", "t1"));
     /// ```
-    pub fn find_unordered(&self, entries: &[Entry]) -> Option<(&'a Rule, Vec<Entry>)> {
+    pub fn find_unordered(&self, entries: &[Entry]) -> Option<(&'a [Rule], Vec<Entry>)> {
         if entries.is_empty() {
             return None;
         }
@@ -312,8 +334,8 @@ impl<'a> DomainRules<'a> {
         let mut used = vec![false; sorted.len()];
         let mut path = Vec::with_capacity(sorted.len());
         let mut steps = MAX_BUCKET_STEPS;
-        let rule = self.walk(self.root, &sorted, &mut used, &mut path, &mut steps)?;
-        Some((&self.set.rules[rule], path.into_iter().cloned().collect()))
+        let limits = self.walk(self.root, &sorted, &mut used, &mut path, &mut steps)?;
+        Some((&self.set.rules[limits], path.into_iter().cloned().collect()))
     }
 
     fn walk<'e>(
@@ -323,7 +345,7 @@ impl<'a> DomainRules<'a> {
         used: &mut [bool],
         path: &mut Vec<&'e Entry>,
         steps: &mut u32,
-    ) -> Option<usize> {
+    ) -> Option<Range<usize>> {
         for i in 0..entries.len() {
             if used[i] {
                 continue;
@@ -335,7 +357,7 @@ impl<'a> DomainRules<'a> {
             used[i] = true;
             path.push(entries[i]);
             let found = if path.len() == entries.len() {
-                node.rule
+                Some(node.limits.clone()).filter(|limits| !limits.is_empty())
             } else if node.children.is_empty() {
                 None
             } else {
@@ -351,6 +373,37 @@ impl<'a> DomainRules<'a> {
     }
 }
 
+/// Checks the limits of one rule: no empty or self-referring `replaces`; and when there are
+/// several, none `unlimited`, no two with the same quota or name, none replacing another.
+fn validate_limits(limits: &[LimitSpec]) -> Result<(), RuleErrorKind> {
+    for (index, limit) in limits.iter().enumerate() {
+        if limit.replaces.iter().any(String::is_empty) {
+            return Err(RuleErrorKind::EmptyReplaces);
+        }
+        let siblings = || limits.iter().filter_map(|l| l.name.as_deref());
+        if let Some(name) = limit.replaces.iter().find(|r| siblings().any(|n| n == *r)) {
+            return Err(RuleErrorKind::ReplacesItself(name.clone()));
+        }
+        if limits.len() > 1 && !matches!(limit.rate, Rate::Limited(_)) {
+            return Err(RuleErrorKind::UncountedAmongLimits);
+        }
+        let earlier = &limits[..index];
+        if earlier.iter().any(|l| l.rate == limit.rate) {
+            return Err(RuleErrorKind::DuplicateLimit {
+                index,
+                what: "quota",
+            });
+        }
+        if limit.name.is_some() && earlier.iter().any(|l| l.name == limit.name) {
+            return Err(RuleErrorKind::DuplicateLimit {
+                index,
+                what: "name",
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The most rules [`DomainRules::find_unordered`] tries for one set of entries.
 pub const MAX_BUCKET_STEPS: u32 = 256;
 
@@ -358,7 +411,6 @@ pub const MAX_BUCKET_STEPS: u32 = 256;
 mod tests {
     use super::*;
     use crate::Quota;
-    use crate::envoy::LimitSpec;
 
     fn limited(n: u64) -> LimitSpec {
         LimitSpec::new(Rate::Limited(Quota::per_minute(n)))
@@ -448,7 +500,7 @@ mod tests {
         let d = set.domain("d").unwrap();
         let find = |pairs: &[(&str, &str)]| {
             d.find_unordered(&entries(pairs))
-                .map(|(r, order)| (r.path.clone(), order))
+                .map(|(r, order)| (r[0].path.clone(), order))
         };
         let (path, order) = find(&[("route", "r"), ("client", "a")]).unwrap();
         assert_eq!(path, "client.route");
@@ -471,12 +523,12 @@ mod tests {
             ],
         )])
         .unwrap();
-        let (rule, _) = both
+        let (limits, _) = both
             .domain("d")
             .unwrap()
             .find_unordered(&entries(&[("b", "1"), ("a", "2")]))
             .unwrap();
-        assert_eq!(rule.path, "a.b");
+        assert_eq!(limits[0].path, "a.b");
     }
 
     #[test]

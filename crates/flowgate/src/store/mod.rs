@@ -95,6 +95,10 @@ pub struct Ask<'a> {
     /// request for them only when every quota-mode ask is denied (a shadow one never is).
     /// Stores ignore it.
     pub quota_mode: bool,
+    /// With `quota_mode`: another limit of the same quota-mode descriptor as the ask before it
+    /// (a rule with several limits), so the two deny together — the descriptor denies when
+    /// any of its limits does, and counts once among the quota-mode limits. Stores ignore it.
+    pub joins_previous: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -109,6 +113,7 @@ impl<'a> Ask<'a> {
             shadow: false,
             charge: false,
             quota_mode: false,
+            joins_previous: false,
         }
     }
 
@@ -187,6 +192,14 @@ impl<'a> Ask<'a> {
     #[inline]
     pub fn quota_mode(mut self, quota_mode: bool) -> Self {
         self.quota_mode = quota_mode;
+        self
+    }
+
+    /// The same, joining the quota-mode limit of the ask before it
+    /// ([`joins_previous`](Self::joins_previous)).
+    #[inline]
+    pub fn joins_previous(mut self, joins_previous: bool) -> Self {
+        self.joins_previous = joins_previous;
         self
     }
 }

@@ -108,6 +108,7 @@ impl CheckResponse<'static> {
             hits: 1,
             fallback: None,
             error: None,
+            limits: Vec::new(),
         };
         CheckResponse {
             allowed: true,
@@ -148,13 +149,35 @@ struct CheckResult<'a> {
     fallback: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// For a rule with several limits (`rate_limits`): every limit's own result, in the
+    /// rule's order; the fields above are the binding limit's (the one that refused, or the
+    /// one with the least remaining). Absent for a rule with one limit.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    limits: Vec<CheckResult<'a>>,
 }
 
 pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
+/// A descriptor's result: its binding limit's, and for a rule with several limits, each
+/// limit's in `limits`.
 fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
+    let mut result = limit_result(d);
+    if !d.others.is_empty() {
+        let mut limits: Vec<&DescriptorVerdict<'a>> = d.limits().collect();
+        limits.sort_by_key(|l| match l.applied {
+            Some(AppliedLimit::Rule(rule)) => rule.limit_index,
+            _ => 0,
+        });
+        result.limits = limits.into_iter().map(limit_result).collect();
+    }
+    result
+}
+
+/// One limit's result.
+fn limit_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
     let applied = d.applied.as_ref();
     let rate = applied.map(AppliedLimit::rate);
     let mut result = CheckResult {
@@ -180,6 +203,7 @@ fn check_result<'a>(d: &'a DescriptorVerdict<'a>) -> CheckResult<'a> {
         hits: d.hits,
         fallback: None,
         error: None,
+        limits: Vec::new(),
     };
     match &d.status {
         Status::Counted(Ok(decision)) => {

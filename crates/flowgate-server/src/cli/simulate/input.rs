@@ -71,9 +71,10 @@ pub(super) fn cases(
     let policy = config::load(config_files).map_err(|errors| errors.to_string())?;
     let (mut cases, mut notes) = (Vec::new(), Vec::new());
     for rule in policy.rules.rules() {
+        // `limit_path`: each limit of a rule with several apart (`path#index`).
         let name = match &rule.name {
-            Some(name) => format!("{}: {} ({name})", rule.domain, rule.path),
-            None => format!("{}: {}", rule.domain, rule.path),
+            Some(name) => format!("{}: {} ({name})", rule.domain, rule.limit_path()),
+            None => format!("{}: {}", rule.domain, rule.limit_path()),
         };
         match rule.rate {
             Rate::Limited(quota) => {

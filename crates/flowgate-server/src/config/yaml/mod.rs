@@ -276,6 +276,36 @@ mod tests {
     }
 
     #[test]
+    fn rate_limits_gives_a_rule_several_limits_each_with_its_options() {
+        let domain = parse(
+            Path::new("f.yaml"),
+            "domain: api\ndescriptors:\n  - key: api_key\n    rate_limits:\n      - {unit: second, requests_per_unit: 10, name: burst}\n      - {unit: day, requests_per_unit: 10000, name: daily, fail: open, replaces: [{name: old}]}\n",
+            &mut Vec::new(),
+        )
+        .unwrap()
+        .domain;
+        let limits = &domain.descriptors[0].limits;
+        assert_eq!(limits.len(), 2);
+        assert_eq!(limits[0].rate.limit(), Some(10));
+        assert_eq!(limits[1].name.as_deref(), Some("daily"));
+        assert_eq!(limits[1].replaces, ["old"]);
+        assert_eq!(limits[1].fail, Some(flowgate::FailMode::Open));
+        let errors = errors(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: day, requests_per_unit: 5}]\n  - key: b\n    rate_limits: []\n  - key: c\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unlimited: true}\n      - {unit: hour, requests_per_unit: 0}\n      - {unit: fortnight, requests_per_unit: 3}\n",
+        );
+        assert_eq!(
+            errors,
+            [
+                "f.yaml:5:18: `rate_limits`: give either `rate_limit` or `rate_limits`, not both",
+                "f.yaml:7:18: `rate_limits`: needs at least one limit",
+                "f.yaml:11:9: `rate_limits[1]`: every limit of `rate_limits` must count: not `unlimited`, not 0 requests (use `rate_limit` for those)",
+                "f.yaml:12:9: `rate_limits[2]`: every limit of `rate_limits` must count: not `unlimited`, not 0 requests (use `rate_limit` for those)",
+                "f.yaml:13:16: `rate_limits[3].unit`: unknown unit `fortnight`; expected one of second, minute, hour, day, week, month, year",
+            ],
+        );
+    }
+
+    #[test]
     fn charge_marks_a_counted_limit_and_nothing_else() {
         let domain = parse(
             Path::new("f.yaml"),
@@ -284,8 +314,8 @@ mod tests {
         )
         .unwrap()
         .domain;
-        assert!(domain.descriptors[0].limit.as_ref().unwrap().charge);
-        assert!(!domain.descriptors[1].limit.as_ref().unwrap().charge);
+        assert!(domain.descriptors[0].limits[0].charge);
+        assert!(!domain.descriptors[1].limits[0].charge);
         let errors = errors(
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, charge: true}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 0, charge: true}\n",
         );
@@ -374,7 +404,7 @@ descriptors:
         assert_eq!(domain.domain, "edge");
         let vip = &domain.descriptors[1];
         assert!(vip.shadow_mode);
-        let limit = vip.limit.as_ref().unwrap();
+        let limit = &vip.limits[0];
         let Rate::Limited(q) = limit.rate else {
             panic!()
         };
@@ -384,7 +414,7 @@ descriptors:
         );
         assert_eq!(limit.fail, Some(FailMode::Local));
         assert_eq!(limit.replaces, vec!["other".to_owned()]);
-        let Rate::Limited(q) = domain.descriptors[0].limit.as_ref().unwrap().rate else {
+        let Rate::Limited(q) = domain.descriptors[0].limits[0].rate else {
             panic!()
         };
         assert_eq!(q.algorithm(), Algorithm::default());
@@ -401,7 +431,7 @@ descriptors:
         )
         .unwrap()
         .domain;
-        let quota = |i: usize| match domain.descriptors[i].limit.as_ref().unwrap().rate {
+        let quota = |i: usize| match domain.descriptors[i].limits[0].rate {
             Rate::Limited(q) => q,
             ref other => panic!("{other:?}"),
         };
@@ -469,7 +499,7 @@ websocket:
 ";
         let found = errors(text);
         let expected = [
-            "f.yaml:4:5: unknown field `valeu`; expected one of `key`, `value`, `rate_limit`, `descriptors`, `shadow_mode`, `detailed_metric`, `quota_mode`, `value_to_metric`, `share_threshold`, `metadata`",
+            "f.yaml:4:5: unknown field `valeu`; expected one of `key`, `value`, `rate_limit`, `rate_limits`, `descriptors`, `shadow_mode`, `detailed_metric`, `quota_mode`, `value_to_metric`, `share_threshold`, `metadata`",
             "f.yaml:5:51: `rate_limit.requests_per_unit`: invalid value: integer `-5`, expected u64",
             "f.yaml:7:24: `rate_limit.unit`: unknown unit `fortnight`; expected one of second, minute, hour, day, week, month, year",
             "f.yaml:9:11: `gateway.listen`: `127.0.0.1` is not an address; write HOST:PORT, e.g. `127.0.0.1:8080` or `localhost:8080`",

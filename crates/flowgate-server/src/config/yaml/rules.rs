@@ -1,5 +1,7 @@
 //! `descriptors` and their `rate_limit` blocks: envoyproxy/ratelimit's fields and Flowgate's
-//! extensions (`algorithm`, `burst`, `period`, `fail`, `charge`, `calendar`, `time_zone`).
+//! extensions (`algorithm`, `burst`, `period`, `fail`, `charge`, `calendar`, `time_zone`), and
+//! `rate_limits`: a list of such blocks that must all allow ("10 per second and 10,000 per
+//! day"), instead of `rate_limit`.
 
 use std::path::Path;
 
@@ -24,6 +26,9 @@ pub(super) struct DescriptorYaml {
     /// The limit, if any.
     #[serde(default)]
     rate_limit: Option<Spanned<RateLimitYaml>>,
+    /// Extension: several limits that must all allow, instead of `rate_limit`.
+    #[serde(default)]
+    rate_limits: Option<Spanned<Vec<Spanned<RateLimitYaml>>>>,
     /// Nested rules.
     #[serde(default)]
     descriptors: Option<Vec<DescriptorYaml>>,
@@ -203,9 +208,22 @@ pub(super) fn convert_all(
                 "must not be empty",
             ));
         }
-        let limit = descriptor
-            .rate_limit
-            .and_then(|r| convert_limit(file, r, errors));
+        let limits = match (descriptor.rate_limit, descriptor.rate_limits) {
+            (Some(_), Some(list)) => {
+                errors.push(ConfigError::at(
+                    file,
+                    list.at,
+                    Some("rate_limits"),
+                    "give either `rate_limit` or `rate_limits`, not both",
+                ));
+                Vec::new()
+            }
+            (Some(one), None) => convert_limit(file, "rate_limit", one, errors)
+                .into_iter()
+                .collect(),
+            (None, Some(list)) => convert_limits(file, list, errors),
+            (None, None) => Vec::new(),
+        };
         let children = convert_all(
             file,
             descriptor.descriptors.unwrap_or_default(),
@@ -233,7 +251,7 @@ pub(super) fn convert_all(
         };
         let mut rule = RuleSpec::new(descriptor.key.value);
         rule.value = descriptor.value.map(|v| v.value);
-        rule.limit = limit;
+        rule.limits = limits;
         rule.shadow_mode = descriptor.shadow_mode;
         rule.quota_mode = descriptor.quota_mode;
         rule.detailed_metric = descriptor.detailed_metric;
@@ -295,9 +313,47 @@ fn calendar(
     }
 }
 
-/// Validates a `rate_limit` block; pushes its errors and returns `None` when it has any.
+/// Validates a `rate_limits` list: each block as a `rate_limit`, none `unlimited` or of 0
+/// requests, and at least one (what else the limits of one rule must satisfy, the rule set
+/// checks: distinct quotas and names, none replacing another).
+fn convert_limits(
+    file: &Path,
+    list: Spanned<Vec<Spanned<RateLimitYaml>>>,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<LimitSpec> {
+    if list.value.is_empty() {
+        errors.push(ConfigError::at(
+            file,
+            list.at,
+            Some("rate_limits"),
+            "needs at least one limit",
+        ));
+    }
+    let mut limits = Vec::with_capacity(list.value.len());
+    for (index, block) in list.value.into_iter().enumerate() {
+        let field = format!("rate_limits[{index}]");
+        let at = block.at;
+        let Some(limit) = convert_limit(file, &field, block, errors) else {
+            continue;
+        };
+        if !matches!(limit.rate, Rate::Limited(_)) {
+            errors.push(ConfigError::at(
+                file,
+                at,
+                Some(&field),
+                "every limit of `rate_limits` must count: not `unlimited`, not 0 requests (use `rate_limit` for those)",
+            ));
+        }
+        limits.push(limit);
+    }
+    limits
+}
+
+/// Validates a `rate_limit` block (or an item of `rate_limits`, named `block_field` in
+/// errors); pushes its errors and returns `None` when it has any.
 fn convert_limit(
     file: &Path,
+    block_field: &str,
     block: Spanned<RateLimitYaml>,
     errors: &mut Vec<ConfigError>,
 ) -> Option<LimitSpec> {
@@ -308,7 +364,7 @@ fn convert_limit(
         errors.push(ConfigError::at(
             file,
             at,
-            Some(&format!("rate_limit.{field}")),
+            Some(&format!("{block_field}.{field}")),
             message,
         ));
     };

@@ -1,5 +1,7 @@
 //! Admin endpoints: `GET /v1/keys/{domain}/{key}={value}/…` shows one counter,
-//! `DELETE` on the same path resets it.
+//! `DELETE` on the same path resets it. A rule with several limits (`rate_limits`) has one
+//! counter per limit: the first is shown at the top level, as for any rule, and every one in
+//! `limits`; `DELETE` resets them all.
 //!
 //! The path names a request descriptor as Envoy would send it: the domain, then one
 //! `key=value` segment per entry, each part percent-encoded (`/` in a value is `%2F`). The
@@ -19,7 +21,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use flowgate::envoy::{self, Entry, Lookup, Rate};
+use flowgate::envoy::{self, CounterState, Entry, Lookup, Rate};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -126,12 +128,23 @@ pub(crate) struct KeyView {
     descriptor: Vec<EntryView>,
     /// The matching rule's path in its tree (`key_value.key2`).
     rule: String,
-    /// The rule's name, if it has one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<String>,
     /// Whether the rule keeps a counter (`false` for `unlimited` and blocked rules: the other
     /// fields are then absent).
     counted: bool,
+    /// The (first) limit's counter.
+    #[serde(flatten)]
+    counter: CounterView,
+    /// Every limit's counter, when the rule has several (`rate_limits`); absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    limits: Vec<CounterView>,
+}
+
+/// One limit's counter in a [`KeyView`].
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub(crate) struct CounterView {
+    /// The limit's name, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     /// The counter's key in the store.
     #[serde(skip_serializing_if = "Option::is_none")]
     key: Option<String>,
@@ -245,7 +258,7 @@ async fn keys(
             value: e.value.clone(),
         })
         .collect();
-    let (rule, counter) = match looked {
+    let (rule, counters) = match looked {
         Err(e) => {
             return Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -264,35 +277,49 @@ async fn keys(
             )
             .into_response();
         }
-        Ok(Lookup::NotCounted(rule)) => (rule, None),
-        Ok(Lookup::Counter(counter)) => (counter.rule, Some(counter)),
+        Ok(Lookup::NotCounted(rule)) => (rule, Vec::new()),
+        Ok(Lookup::Counters(counters)) => (counters[0].rule, counters),
     };
-    let quota = match rule.rate {
-        Rate::Limited(quota) => Some(quota),
-        _ => None,
+    let mut limits: Vec<CounterView> = counters.into_iter().map(counter_view).collect();
+    let counter = match limits.first() {
+        Some(_) if rule.limit_count == 1 => limits.remove(0),
+        Some(first) => first.clone(),
+        None => CounterView {
+            name: rule.name.clone(),
+            ..CounterView::default()
+        },
     };
     let view = KeyView {
         domain,
         descriptor,
         rule: rule.path.clone(),
-        name: rule.name.clone(),
-        counted: counter.is_some(),
-        algorithm: counter.as_ref().and(quota).map(|q| q.algorithm().name()),
-        limit: counter.as_ref().map(|c| c.decision.limit),
-        burst: counter.as_ref().map(|c| c.decision.burst),
-        remaining: counter.as_ref().map(|c| c.decision.remaining),
-        reset_after_ms: counter.as_ref().map(|c| millis(c.decision.reset_after)),
-        fallback: counter
-            .as_ref()
-            .and_then(|c| c.decision.fallback)
-            .map(|m| m.name()),
-        key: counter.map(|c| c.key),
+        counted: counter.key.is_some(),
+        counter,
+        limits,
     };
     let mut response = json_response(StatusCode::OK, &view);
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// What the admin endpoints show of one counter.
+fn counter_view(counter: CounterState<'_>) -> CounterView {
+    let decision = &counter.decision;
+    CounterView {
+        name: counter.rule.name.clone(),
+        algorithm: match counter.rule.rate {
+            Rate::Limited(quota) => Some(quota.algorithm().name()),
+            _ => None,
+        },
+        limit: Some(decision.limit),
+        burst: Some(decision.burst),
+        remaining: Some(decision.remaining),
+        reset_after_ms: Some(millis(decision.reset_after)),
+        fallback: decision.fallback.map(|m| m.name()),
+        key: Some(counter.key),
+    }
 }
 
 /// The refusal of a request that does not carry the admin token (logged, with the address of
