@@ -1,31 +1,4 @@
-//! [`InFlightLayer`]: at most N requests in flight per key — a [lease](crate::lease) taken
-//! when a request arrives and given back when its response body ends (or is dropped), so a
-//! streamed response holds its slot for as long as it streams.
-//!
-//! ```
-//! use std::time::Duration;
-//! use axum::{routing::get, Router};
-//! use flowgate::http::{key::Header, InFlightLayer};
-//! use flowgate::lease::{MemoryLeases, Terms};
-//!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // At most 20 requests in flight per API key; a lease not given back lasts 60 s.
-//! let terms = Terms::new(20, Duration::from_secs(60))?;
-//! let per_key = Header::new(http::HeaderName::from_static("x-api-key"));
-//! let app: Router = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(InFlightLayer::new("per-key", MemoryLeases::new(), per_key, terms));
-//! # let _ = app;
-//! # Ok(()) }
-//! ```
-//!
-//! A full key gets `429` with a problem body and `Retry-After` (when the earliest lease
-//! expires, whole seconds); a key the extractor rejects, its 400/401. When the lease store
-//! cannot answer (Redis away), [`fail`](InFlightLayer::fail) decides: `Closed` (the default)
-//! answers `503`, `Open` lets the request through uncounted. The lease lasts `terms.ttl()`:
-//! a response that streams longer than that stops being counted — choose a lease time above
-//! your longest response. Giving a lease back runs on a spawned task (tokio), so it never
-//! delays the response.
+//! [`InFlightLayer`]: at most N requests in flight per key.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,7 +18,34 @@ use crate::FailMode;
 use crate::answer::problem::Problem;
 use crate::lease::{Acquired, LeaseId, Leases, Terms};
 
-/// Limits the requests in flight per key (see the [module docs](self)).
+/// At most N requests in flight per key — a [lease](crate::lease) taken
+/// when a request arrives and given back when its response body ends (or is dropped), so a
+/// streamed response holds its slot for as long as it streams.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::get, Router};
+/// use flowgate::http::{key::Header, InFlightLayer};
+/// use flowgate::lease::{MemoryLeases, Terms};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // At most 20 requests in flight per API key; a lease not given back lasts 60 s.
+/// let terms = Terms::new(20, Duration::from_secs(60))?;
+/// let per_key = Header::new(http::HeaderName::from_static("x-api-key"));
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(InFlightLayer::new("per-key", MemoryLeases::new(), per_key, terms));
+/// # let _ = app;
+/// # Ok(()) }
+/// ```
+///
+/// A full key gets `429` with a problem body and `Retry-After` (when the earliest lease
+/// expires, whole seconds); a key the extractor rejects, its 400/401. When the lease store
+/// cannot answer (Redis away), [`fail`](InFlightLayer::fail) decides: `Closed` (the default)
+/// answers `503`, `Open` lets the request through uncounted. The lease lasts `terms.ttl()`:
+/// a response that streams longer than that stops being counted — choose a lease time above
+/// your longest response. Giving a lease back runs on a spawned task (tokio), so it never
+/// delays the response.
 pub struct InFlightLayer<K> {
     shared: Arc<Shared<K>>,
 }
