@@ -51,7 +51,6 @@ pub mod ws;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,10 +79,8 @@ pub use usage::UsageBody;
 
 /// The response body: the upstream's, streamed (given up when it stalls for
 /// `body_idle_timeout`; its usage read on the way, with `usage_json`), or one the gateway
-/// wrote. The upstream's is boxed: it holds the upstream connection (a few hundred bytes), and
-/// the response is moved a dozen times on its way out through hyper's dispatcher — copies
-/// that every response paid, a refused one too (measured with callgrind, BENCHMARKS.md).
-pub type Body = Either<Pin<Box<UsageBody<IdleBody<UpstreamBody>>>>, Full<Bytes>>;
+/// wrote.
+pub type Body = Either<UsageBody<IdleBody<UpstreamBody>>, Full<Bytes>>;
 
 /// The gateway's state, shared by every connection.
 pub struct Gateway {
@@ -371,7 +368,7 @@ impl Gateway {
             timeouts.body_idle,
             metrics.response_body_timeouts.clone(),
         );
-        Response::from_parts(parts, Either::Left(Box::pin(UsageBody::new(body, scan))))
+        Response::from_parts(parts, Either::Left(UsageBody::new(body, scan)))
     }
 }
 
