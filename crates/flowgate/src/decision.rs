@@ -123,7 +123,8 @@ impl Decision {
     }
 }
 
-fn ceil_secs(d: Duration) -> u64 {
+/// `d` in whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 

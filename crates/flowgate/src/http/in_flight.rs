@@ -48,12 +48,14 @@ use crate::lease::{Acquired, LeaseId, Leases, Terms};
 /// delays the response.
 pub struct InFlightLayer<K> {
     shared: Arc<Shared<K>>,
+    fail: FailMode,
 }
 
 impl<K> Clone for InFlightLayer<K> {
     fn clone(&self) -> Self {
         InFlightLayer {
             shared: self.shared.clone(),
+            fail: self.fail,
         }
     }
 }
@@ -63,7 +65,7 @@ impl<K> std::fmt::Debug for InFlightLayer<K> {
         f.debug_struct("InFlightLayer")
             .field("name", &self.shared.name)
             .field("terms", &self.shared.terms)
-            .field("fail", &self.shared.fail)
+            .field("fail", &self.fail)
             .finish_non_exhaustive()
     }
 }
@@ -74,7 +76,6 @@ struct Shared<K> {
     leases: Arc<dyn Leases>,
     key: K,
     terms: Terms,
-    fail: FailMode,
 }
 
 impl<K: KeyExtractor> InFlightLayer<K> {
@@ -93,8 +94,8 @@ impl<K: KeyExtractor> InFlightLayer<K> {
                 leases: Arc::new(leases),
                 key,
                 terms,
-                fail: FailMode::Closed,
             }),
+            fail: FailMode::Closed,
         }
     }
 
@@ -102,9 +103,7 @@ impl<K: KeyExtractor> InFlightLayer<K> {
     /// `Open` lets the request through uncounted. (`Local` acts as `Closed`: leases have no
     /// local share.)
     pub fn fail(mut self, mode: FailMode) -> Self {
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.fail = mode;
-        }
+        self.fail = mode;
         self
     }
 }
@@ -116,6 +115,7 @@ impl<S, K> Layer<S> for InFlightLayer<K> {
         InFlight {
             inner,
             shared: self.shared.clone(),
+            fail: self.fail,
         }
     }
 }
@@ -124,6 +124,7 @@ impl<S, K> Layer<S> for InFlightLayer<K> {
 pub struct InFlight<S, K> {
     inner: S,
     shared: Arc<Shared<K>>,
+    fail: FailMode,
 }
 
 impl<S: Clone, K> Clone for InFlight<S, K> {
@@ -131,6 +132,7 @@ impl<S: Clone, K> Clone for InFlight<S, K> {
         InFlight {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            fail: self.fail,
         }
     }
 }
@@ -173,6 +175,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
+        let fail = self.fail;
         let (parts, body) = request.into_parts();
         let mut client = String::new();
         if let Err(rejection) = shared.key.extract_into(&parts, &mut client) {
@@ -190,8 +193,7 @@ where
                     key,
                     id,
                 }),
-                Ok(Acquired::Full { held, retry_after }) => {
-                    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+                Ok(full @ Acquired::Full { held, .. }) => {
                     let mut response = problem(Problem::status(
                         StatusCode::TOO_MANY_REQUESTS,
                         format!(
@@ -199,12 +201,14 @@ where
                             shared.name
                         ),
                     ));
-                    response
-                        .headers_mut()
-                        .insert(http::header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+                    if let Some(seconds) = full.retry_after_secs() {
+                        response
+                            .headers_mut()
+                            .insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+                    }
                     return Ok(response);
                 }
-                Err(error) if error.is_transient() && shared.fail == FailMode::Open => None,
+                Err(error) if error.is_transient() && fail == FailMode::Open => None,
                 Err(_) => {
                     return Ok(problem(Problem::status(
                         StatusCode::SERVICE_UNAVAILABLE,

@@ -81,18 +81,25 @@ impl<C: Clock> MemoryLeases<C> {
     fn acquire_now(&self, key: &str, terms: &Terms) -> Result<Acquired, StoreError> {
         let now = self.clock.now();
         let mut shard = self.shard(key).lock();
-        if !shard.contains_key(key) && shard.len() >= self.max_per_shard {
-            shard.retain(|_, held| {
-                held.retain(|&(_, expiry)| expiry > now);
-                !held.is_empty()
-            });
+        // A new key is copied into the table (an existing one allocates nothing), if there is
+        // room once the keys whose leases all ended are dropped.
+        if !shard.contains_key(key) {
             if shard.len() >= self.max_per_shard {
-                return Err(StoreError::Unavailable(
-                    "the lease table is full (max_keys)".into(),
-                ));
+                shard.retain(|_, held| {
+                    held.retain(|&(_, expiry)| expiry > now);
+                    !held.is_empty()
+                });
+                if shard.len() >= self.max_per_shard {
+                    return Err(StoreError::Unavailable(
+                        "the lease table is full (max_keys)".into(),
+                    ));
+                }
             }
+            shard.insert(key.into(), Held::new());
         }
-        let held = shard.entry(key.into()).or_default();
+        let Some(held) = shard.get_mut(key) else {
+            unreachable!("inserted above");
+        };
         held.retain(|&(_, expiry)| expiry > now);
         let count = held.len() as u64;
         if count < terms.limit() {

@@ -190,6 +190,19 @@ pub enum Acquired {
     },
 }
 
+impl Acquired {
+    /// For [`Full`](Acquired::Full): `Retry-After` in whole seconds, rounded up, at least 1;
+    /// `None` for a granted lease.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Acquired::Granted { .. } => None,
+            Acquired::Full { retry_after, .. } => {
+                Some(crate::decision::ceil_secs(*retry_after).max(1))
+            }
+        }
+    }
+}
+
 /// Leases on keys: at most a [`Terms::limit`] held at once per key. Expired leases are not
 /// counted and are cleaned up as keys are read.
 pub trait Leases: Send + Sync {

@@ -85,8 +85,7 @@ pub struct Refusal {
 impl Refusal {
     /// `Retry-After` in whole seconds, rounded up, at least 1.
     pub fn retry_after_secs(&self) -> u64 {
-        let d = self.retry_after;
-        (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+        crate::decision::ceil_secs(self.retry_after).max(1)
     }
 }
 

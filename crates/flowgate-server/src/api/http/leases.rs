@@ -57,6 +57,12 @@ pub(crate) struct HeldView {
     limit: u64,
 }
 
+/// The running configuration's limit `name` and the store key of its leases for `key`, or
+/// the 404.
+fn target(service: &Service, name: &str, key: &str) -> Result<(ConcurrencyLimit, String), Problem> {
+    Ok((limit(service, name)?, flowgate::lease::key(name, key)))
+}
+
 /// The running configuration's limit `name`, or the 404.
 fn limit(service: &Service, name: &str) -> Result<ConcurrencyLimit, Problem> {
     service
@@ -127,13 +133,9 @@ fn lease_id(text: &str) -> Result<LeaseId, Problem> {
 pub(crate) async fn acquire(
     State(service): State<Arc<Service>>,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
-    let found = params(path).and_then(|(name, key)| Ok((limit(&service, &name)?, name, key)));
-    let (limit, name, key) = match found {
-        Ok(found) => found,
-        Err(problem) => return problem.into_response(),
-    };
-    let leases = service.backend().leases();
+) -> Result<Response, Problem> {
+    let (name, key) = params(path)?;
+    let (limit, key) = target(&service, &name, &key)?;
     let view = |id: LeaseId, expires_in: Duration, held, fallback| LeaseView {
         lease: id.to_string(),
         expires_in_ms: millis(expires_in),
@@ -141,16 +143,21 @@ pub(crate) async fn acquire(
         limit: limit.terms.limit(),
         fallback,
     };
-    match leases
-        .acquire(&flowgate::lease::key(&name, &key), &limit.terms)
-        .await
-    {
-        Ok(Acquired::Granted {
+    let acquired = match service.backend().leases().acquire(&key, &limit.terms).await {
+        Err(error) if error.is_transient() && limit.fail == FailMode::Open => {
+            tracing::warn!(error = %error, limit = %name, "the lease store is away; granting (fail: open)");
+            let view = view(LeaseId::random(), limit.terms.ttl(), None, Some("open"));
+            return Ok(json_response(StatusCode::CREATED, &view));
+        }
+        other => other.map_err(|e| store_problem(&e))?,
+    };
+    Ok(match acquired {
+        Acquired::Granted {
             id,
             expires_in,
             held,
-        }) => json_response(StatusCode::CREATED, &view(id, expires_in, Some(held), None)),
-        Ok(Acquired::Full { held, retry_after }) => {
+        } => json_response(StatusCode::CREATED, &view(id, expires_in, Some(held), None)),
+        Acquired::Full { held, retry_after } => {
             let mut response = Problem::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "https://flowgate.dev/problems/concurrency-limit",
@@ -162,22 +169,14 @@ pub(crate) async fn acquire(
                 ),
             )
             .into_response();
-            let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+            if let Some(seconds) = acquired.retry_after_secs() {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
             response
         }
-        Err(error) if error.is_transient() && limit.fail == FailMode::Open => {
-            tracing::warn!(error = %error, limit = %name, "the lease store is away; granting (fail: open)");
-            let id = LeaseId::random();
-            json_response(
-                StatusCode::CREATED,
-                &view(id, limit.terms.ttl(), None, Some("open")),
-            )
-        }
-        Err(error) => store_problem(&error).into_response(),
-    }
+    })
 }
 
 /// `GET /v1/leases/{name}/{key}`: how many leases `key` holds.
@@ -199,23 +198,20 @@ pub(crate) async fn acquire(
 pub(crate) async fn held(
     State(service): State<Arc<Service>>,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
-    let found = params(path).and_then(|(name, key)| Ok((limit(&service, &name)?, name, key)));
-    let (limit, name, key) = match found {
-        Ok(found) => found,
-        Err(problem) => return problem.into_response(),
+) -> Result<Response, Problem> {
+    let (name, key) = params(path)?;
+    let (limit, key) = target(&service, &name, &key)?;
+    let held = service
+        .backend()
+        .leases()
+        .held(&key)
+        .await
+        .map_err(|e| store_problem(&e))?;
+    let view = HeldView {
+        held,
+        limit: limit.terms.limit(),
     };
-    let leases = service.backend().leases();
-    match leases.held(&flowgate::lease::key(&name, &key)).await {
-        Ok(held) => json_response(
-            StatusCode::OK,
-            &HeldView {
-                held,
-                limit: limit.terms.limit(),
-            },
-        ),
-        Err(error) => store_problem(&error).into_response(),
-    }
+    Ok(json_response(StatusCode::OK, &view))
 }
 
 /// `PUT /v1/leases/{name}/{key}/{lease}`: renews a lease for another `lease_time`.
@@ -238,31 +234,27 @@ pub(crate) async fn held(
 pub(crate) async fn renew(
     State(service): State<Arc<Service>>,
     path: Result<Path<(String, String, String)>, PathRejection>,
-) -> Response {
-    let found = params(path)
-        .and_then(|(name, key, lease)| Ok((limit(&service, &name)?, lease_id(&lease)?, name, key)));
-    let (limit, id, name, key) = match found {
-        Ok(found) => found,
-        Err(problem) => return problem.into_response(),
-    };
-    let leases = service.backend().leases();
-    match leases
-        .renew(&flowgate::lease::key(&name, &key), id, &limit.terms)
+) -> Result<Response, Problem> {
+    let (name, key, lease) = params(path)?;
+    let (limit, key) = target(&service, &name, &key)?;
+    let id = lease_id(&lease)?;
+    let renewed = service
+        .backend()
+        .leases()
+        .renew(&key, id, &limit.terms)
         .await
-    {
-        Ok(true) => json_response(
-            StatusCode::OK,
-            &LeaseView {
-                lease: id.to_string(),
-                expires_in_ms: millis(limit.terms.ttl()),
-                held: None,
-                limit: limit.terms.limit(),
-                fallback: None,
-            },
-        ),
-        Ok(false) => not_held().into_response(),
-        Err(error) => store_problem(&error).into_response(),
+        .map_err(|e| store_problem(&e))?;
+    if !renewed {
+        return Err(not_held());
     }
+    let view = LeaseView {
+        lease: id.to_string(),
+        expires_in_ms: millis(limit.terms.ttl()),
+        held: None,
+        limit: limit.terms.limit(),
+        fallback: None,
+    };
+    Ok(json_response(StatusCode::OK, &view))
 }
 
 /// `DELETE /v1/leases/{name}/{key}/{lease}`: releases a lease.
@@ -285,19 +277,18 @@ pub(crate) async fn renew(
 pub(crate) async fn release(
     State(service): State<Arc<Service>>,
     path: Result<Path<(String, String, String)>, PathRejection>,
-) -> Response {
-    let found = params(path).and_then(|(name, key, lease)| {
-        limit(&service, &name)?;
-        Ok((lease_id(&lease)?, name, key))
-    });
-    let (id, name, key) = match found {
-        Ok(found) => found,
-        Err(problem) => return problem.into_response(),
-    };
-    let leases = service.backend().leases();
-    match leases.release(&flowgate::lease::key(&name, &key), id).await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => not_held().into_response(),
-        Err(error) => store_problem(&error).into_response(),
+) -> Result<Response, Problem> {
+    let (name, key, lease) = params(path)?;
+    let (_, key) = target(&service, &name, &key)?;
+    let id = lease_id(&lease)?;
+    let released = service
+        .backend()
+        .leases()
+        .release(&key, id)
+        .await
+        .map_err(|e| store_problem(&e))?;
+    if !released {
+        return Err(not_held());
     }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
