@@ -552,11 +552,70 @@ async fn runs_of_one_key_in_a_batch_decide_like_the_memory_store() {
     }
 }
 
+/// The fixed window counts a lone request with one `HINCRBY` of its window's field, which is
+/// exact only while the hash holds nothing but its newest window: every way a second field
+/// appears (a new window while the last one's key lives on, a clock behind the state's window)
+/// is decided like the memory store and leaves one field, with the expiry of its window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fixed_window_hash_keeps_only_its_newest_window() {
+    let Some(server) = RedisServer::start("fixed_window_hash") else {
+        return;
+    };
+    let clock = ManualClock::new(DEFAULT_START);
+    let redis = store_with_clock(&server, &clock).await;
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let mut conn = server.connection();
+    // 3 per 10 s. Redis expires keys on its own clock, which the injected one outruns: the
+    // key of a window lives on into the next ones.
+    let quota = Quota::new(3, Duration::from_secs(10))
+        .unwrap()
+        .with_algorithm(Algorithm::FixedWindow)
+        .unwrap();
+    let key = redis.redis_key("k", Algorithm::FixedWindow);
+    let w0 = DEFAULT_START / 10_000_000_000;
+    enum Step {
+        Check(i64, u64),
+        Refund(i64, u64),
+    }
+    use Step::{Check, Refund};
+    // (step at seconds from the start, the hash after it: window offset from w0 and count)
+    let steps = [
+        (Check(0, 2), (0, 2)),    // a new key
+        (Check(0, 2), (0, 2)),    // past the limit: undone
+        (Check(1, 1), (0, 3)),    // the newest window's field
+        (Check(15, 1), (1, 1)),   // a new window beside the old one's field
+        (Check(5, 2), (1, 3)),    // a clock behind: counted in the state's window
+        (Check(6, 1), (1, 3)),    // behind, and past the limit
+        (Refund(16, 5), (1, 0)),  // refunded to 0
+        (Check(17, 3), (1, 3)),   // the field at 0 counts again
+        (Check(102, 1), (10, 1)), // long after
+    ];
+    for (i, (step, (window, count))) in steps.into_iter().enumerate() {
+        match step {
+            Check(at, cost) => {
+                clock.set(DEFAULT_START + at as u64 * 1_000_000_000);
+                let ask = Ask::new("k", &quota).cost(cost);
+                assert_eq!(redis.check(ask).await, memory.check(ask).await, "step {i}");
+            }
+            Refund(at, units) => {
+                clock.set(DEFAULT_START + at as u64 * 1_000_000_000);
+                let ask = Ask::new("k", &quota).cost(units);
+                redis.refund(ask).await.unwrap();
+                memory.refund(ask).await.unwrap();
+            }
+        }
+        let hash: Vec<(String, u64)> = redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
+        assert_eq!(hash, [(format!("{:x}", w0 + window), count)], "step {i}");
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+        assert!(ttl > 0 && ttl <= 10_000, "step {i}: PTTL {ttl}");
+    }
+}
+
 /// Values in the text format that earlier builds wrote are read and decided on, so an upgrade
 /// keeps counting: fixed window "hex(window) hex(count)", GCRA hex(u) followed by r in three
 /// hex digits (the tat as (µs, ns below a µs)). Written here with redis-rs directly, then
-/// decided on like the memory store that took the same units; what the store writes back is
-/// that text format again.
+/// decided on like the memory store that took the same units. GCRA writes its text format
+/// back; the fixed window rewrites its value as this build's hash (see `fixed_window.lua`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_in_the_text_format_of_earlier_builds_are_decided_on() {
     let Some(server) = RedisServer::start("text_format_of_earlier_builds") else {
@@ -641,18 +700,20 @@ async fn values_in_the_text_format_of_earlier_builds_are_decided_on() {
         // The last round is in the next window.
         clock.advance(Duration::from_millis(300));
     }
-    for key in [&fixed_key, &gcra_key] {
-        let value: String = redis::cmd("GET").arg(key).query(&mut conn).unwrap();
-        assert!(
-            !value.is_empty() && value.bytes().all(|b| b.is_ascii_hexdigit() || b == b' '),
-            "{key}: {value:?}"
-        );
-    }
-    let value: String = redis::cmd("GET").arg(&fixed_key).query(&mut conn).unwrap();
+    // The GCRA value stays in its text format; the fixed window's was rewritten as this
+    // build's hash (one field: the newest window, holding its count), its expiry kept.
+    let value: String = redis::cmd("GET").arg(&gcra_key).query(&mut conn).unwrap();
     assert!(
-        value.starts_with(&format!("{:x} ", window + 1)),
-        "{value:?}"
+        !value.is_empty() && value.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{gcra_key}: {value:?}"
     );
+    let hash: Vec<(String, u64)> = redis::cmd("HGETALL")
+        .arg(&fixed_key)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(hash, [(format!("{:x}", window + 1), 4)], "{fixed_key}");
+    let ttl: i64 = redis::cmd("PTTL").arg(&fixed_key).query(&mut conn).unwrap();
+    assert!(ttl > 0, "{fixed_key}: PTTL {ttl}");
 }
 
 /// A calendar month on the Redis server's own clock (`TIME`): the client passes the periods

@@ -1,6 +1,7 @@
--- Fixed window (see algorithm/fixed_window.rs). State: "window count" (hex), window = start
--- divided by the period. Periods are whole microseconds (checked by the client), so the
--- window index is exact.
+-- Fixed window (see algorithm/fixed_window.rs). State: a hash with one field, the window (hex;
+-- the window index, start divided by the period), whose value is the count (decimal, as
+-- HINCRBY keeps it). Periods are whole microseconds (checked by the client), so the window
+-- index is exact.
 -- Calendar quotas (see calendar.rs): period 0, and the window is the start of the calendar
 -- period containing now, in seconds. Time zones cannot be computed here, so the client passes
 -- the starts of the previous, current and next periods around its own clock and the next
@@ -10,20 +11,29 @@
 -- Quota block (6): limit, period in µs (0 for a calendar), B1..B4 (0 unless a calendar).
 -- Per request: quota index, cost (units for a refund).
 -- Reply per request: status, window, count as read; zeros for a new key.
--- Runs of one key read and write its state once (see the prelude).
+--
+-- One command per request: a lone check of a key in a call (the common case with many keys)
+-- is one HINCRBY of the current window's field, undone when it goes past the limit. That is
+-- exact because the hash never holds a field but the newest window's: a field that exists is
+-- the state's window, and a field HINCRBY creates is a new window (the key's first, set to
+-- expire at the window's end) unless the hash holds others — an older window, which the
+-- general path below replaces, or a newer one (a clock behind the state's window), which it
+-- counts in, as the reference does. Charges, refunds, checks of 0 and runs of one key read
+-- the hash once (HGETALL), decide every request in memory and write once.
+--
+-- Values of earlier builds: a string "window count" (hex) at the same key. A hash command on
+-- it fails (WRONGTYPE); the general path then rewrites it as a hash, keeping its expiry, so an
+-- upgrade neither loses nor doubles a window's count. (An earlier build meeting the hash
+-- reports a value it did not write: upgrade every instance sharing a Redis together.)
 -- Expiry: the end of the window, set when a write starts a window.
 local F = blocks(6)
 local Limit, P = F[1], F[2]
--- "window count" as two numbers; nil when malformed.
-local function parse(v)
-  local sp = string.find(v, ' ', 1, true)
-  if not sp then return nil end
-  return tonumber(string.sub(v, 1, sp - 1), 16), tonumber(string.sub(v, sp + 1), 16)
-end
-local function store(key, w, c, ttl) store2(key, string.format('%x %x', w, c), ttl) end
--- The current window of each quota and its end (µs); nil for a calendar period the client
--- did not pass.
-local Now, End = {}, {}
+-- A field's window; nil when malformed.
+local function window_of(field) return tonumber(field, 16) end
+local function field_of(w) return string.format('%x', w) end
+-- The current window of each quota, its field, and its end (µs); nil for a calendar period
+-- the client did not pass.
+local Now, Field, End = {}, {}, {}
 for j = 1, quotas do
   if P[j] > 0 then
     Now[j] = div(now_u, P[j])
@@ -34,57 +44,141 @@ for j = 1, quotas do
       if s * 1000000 <= now_u and now_u < e * 1000000 then Now[j], End[j] = s, e * 1000000 end
     end
   end
+  if Now[j] then Field[j] = field_of(Now[j]) end
+end
+
+-- An earlier build's "window count" (hex) string at `key`, rewritten as this script's hash
+-- with the same expiry. False if `key` holds anything else.
+local function migrate(key)
+  local ok, v = get(key)
+  if not (ok and v) then return false end
+  local sp = string.find(v, ' ', 1, true)
+  if not sp then return false end
+  local w, c = tonumber(string.sub(v, 1, sp - 1), 16), tonumber(string.sub(v, sp + 1), 16)
+  if not (w and c) then return false end
+  local ttl = rcall('PTTL', key)
+  rcall('DEL', key)
+  rcall('HSET', key, field_of(w), c)
+  if ttl > 0 then rcall('PEXPIRE', key, ttl) end
+  return true
+end
+
+-- The state at `key`: (true, window, count, fields) with `fields` the hash as HGETALL returned
+-- it (the newest window wins; several fields are cleaned up by the next write); (true) for a
+-- missing key; (false) for a value Flowgate did not write.
+local function load(key)
+  local ok, v = pcall(rcall, 'HGETALL', key)
+  if not ok then
+    if not migrate(key) then return false end
+    v = rcall('HGETALL', key)
+  end
+  if #v == 0 then return true end
+  local sw, sc
+  for k = 1, #v, 2 do
+    local w, c = window_of(v[k]), tonumber(v[k + 1])
+    if not (w and c) then return false end
+    if not sw or w > sw then sw, sc = w, c end
+  end
+  return true, sw, sc, v
+end
+
+-- Writes the state (window `w`, count `c`) over the hash read as `fields`, dropping every other
+-- window; sets the expiry `ttl` (ms) when given, else keeps the key's.
+local function store(key, fields, w, c, ttl)
+  local f = field_of(w)
+  if fields then
+    for k = 1, #fields, 2 do
+      if fields[k] ~= f then rcall('HDEL', key, fields[k]) end
+    end
+  end
+  rcall('HSET', key, f, c)
+  if ttl then rcall('PEXPIRE', key, ttl) end
+end
+
+-- A lone check of `cost` > 0 in the current window: one HINCRBY. Returns status, window and
+-- count as read, or nil when the general path must decide (the HINCRBY undone).
+local function lone(key, j, cost)
+  local ok, c = pcall(rcall, 'HINCRBY', key, Field[j], cost)
+  if not ok then return nil end
+  if c > cost then
+    -- The field existed: it is the state's window.
+    if c > Limit[j] then
+      rcall('HINCRBY', key, Field[j], -cost)
+      return 0, Now[j], c - cost
+    end
+    return 1, Now[j], c - cost
+  end
+  if rcall('HLEN', key) == 1 then
+    -- A new window (or one refunded to 0, which decides alike): cost ≤ limit, granted.
+    rcall('PEXPIRE', key, ttl_until(End[j]))
+    return 1, 0, 0
+  end
+  -- Other windows are there (the field is new, as the hash holds only its newest window).
+  rcall('HDEL', key, Field[j])
+  return nil
 end
 
 -- The run's key and its state: `ours` unless it holds a value Flowgate did not write; `live`
--- when it has a value (read or to be written); `dirty` when the state must be written, with a
--- new expiry `ttl` or, when nil, the one it has.
-local cur, ours, live, sw, sc, dirty, ttl
+-- when it has a value (read or to be written); `fields` the hash as read; `dirty` when the
+-- state must be written, with a new expiry `ttl` or, when nil, the one it has.
+local cur, ours, live, sw, sc, fields, dirty, ttl
 for i = 1, #KEYS do
   local key = KEYS[i]
   local j, cost = request(i, 6)
-  if key ~= cur then
-    if dirty then store(cur, sw, sc, ttl) end
-    cur, dirty, ttl = key, false, nil
-    ours, sw, sc = load2(key, parse)
-    live = sw ~= nil
-    if not live then sw, sc = 0, 0 end
+  local status, rw, rc
+  if not refund and not charge and cost > 0 and Now[j] and KEYS[i - 1] ~= key and KEYS[i + 1] ~= key then
+    status, rw, rc = lone(key, j, cost)
   end
-  local status, rw, rc = 0, sw, sc
-  local w = Now[j]
-  if not ours then
-    status = -1
-  elseif not w then
-    status = -2
+  if status then
+    -- Decided by `lone`; a key met again later is read again.
+    if dirty then store(cur, fields, sw, sc, ttl) end
+    cur, dirty = nil, false
   else
-    if refund then
-      status = 1
-      if sw >= w and sc > 0 then
-        local c = sc - cost
-        if c < 0 then c = 0 end
-        sc, dirty = c, true
-      end
+    if key ~= cur then
+      if dirty then store(cur, fields, sw, sc, ttl) end
+      cur, ttl = key, nil
+      ours, sw, sc, fields = load(key)
+      live = sw ~= nil
+      if not live then sw, sc = 0, 0 end
+      -- Older windows left beside the newest are dropped by the run's write.
+      dirty = fields ~= nil and #fields > 2
+    end
+    status, rw, rc = 0, sw, sc
+    local w = Now[j]
+    if not ours then
+      status = -1
+    elseif not w then
+      status = -2
     else
-      -- A lagging `now` stays in the state's window.
-      if sw > w then w = sw end
-      local count = 0
-      if w == sw then count = sc end
-      if charge then
-        -- Always taken; the count stops at limit + MAX_CHARGE, and never moves back.
+      if refund then
         status = 1
-        if cost > 0 then
-          local c, cap = count + cost, Limit[j] + MAX_CHARGE
-          if cap < count then cap = count end
-          if c > cap then c = cap end
-          -- (A new window is always the current one, whose end is End[j].)
-          if not (live and w == sw) then ttl = ttl_until(End[j]) end
-          live, sw, sc, dirty = true, w, c, true
+        if sw >= w and sc > 0 then
+          local c = sc - cost
+          if c < 0 then c = 0 end
+          sc, dirty = c, true
         end
-      elseif count + cost <= Limit[j] then
-        status = 1
-        if cost > 0 then
-          if not (live and w == sw) then ttl = ttl_until(End[j]) end
-          live, sw, sc, dirty = true, w, count + cost, true
+      else
+        -- A lagging `now` stays in the state's window.
+        if sw > w then w = sw end
+        local count = 0
+        if w == sw then count = sc end
+        if charge then
+          -- Always taken; the count stops at limit + MAX_CHARGE, and never moves back.
+          status = 1
+          if cost > 0 then
+            local c, cap = count + cost, Limit[j] + MAX_CHARGE
+            if cap < count then cap = count end
+            if c > cap then c = cap end
+            -- (A new window is always the current one, whose end is End[j].)
+            if not (live and w == sw) then ttl = ttl_until(End[j]) end
+            live, sw, sc, dirty = true, w, c, true
+          end
+        elseif count + cost <= Limit[j] then
+          status = 1
+          if cost > 0 then
+            if not (live and w == sw) then ttl = ttl_until(End[j]) end
+            live, sw, sc, dirty = true, w, count + cost, true
+          end
         end
       end
     end
@@ -92,5 +186,5 @@ for i = 1, #KEYS do
   out[n + 1], out[n + 2], out[n + 3] = status, rw, rc
   n = n + 3
 end
-if dirty then store(cur, sw, sc, ttl) end
+if dirty then store(cur, fields, sw, sc, ttl) end
 return out
