@@ -124,3 +124,44 @@ async fn every_front_end_answers_with_the_binding_limit_and_refunds_exactly() {
     assert_eq!(answer.overall_code, OK);
     server.stop().await;
 }
+
+/// docs/choosing.md's rule under a rate and a calendar quota: the second's 10 go through, the
+/// 11th is refused by the rate, which binds, and the month's quota counts only the 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_and_quota_in_choosing_md_work_as_it_says() {
+    let yaml = flowgate_testing::docs::marked_yaml(
+        &flowgate_testing::docs::read("docs/choosing.md"),
+        "choosing-rate-and-quota",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let config = ServerConfig::load(vec![path.clone()]).unwrap();
+    let server = TestServer::start_with(config, dir, vec![path]).await;
+    // The second's 10 fit in one second unless the machine stalls across a boundary: then the
+    // refusal comes later, never earlier, so count the granted requests until the first one
+    // refused, in a bounded loop.
+    let mut granted = 0;
+    let refused = loop {
+        let answer = server.post("/v1/check", &check("k1")).await;
+        if answer.status != 200 {
+            break answer;
+        }
+        granted += 1;
+        assert!(granted <= 1_000, "never refused");
+    };
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert!(granted >= 10, "refused after {granted}");
+    let body = refused.json();
+    let d = &body["descriptors"][0];
+    assert_eq!(d["name"], "api_key#0", "{body}");
+    let limits = d["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2, "{body}");
+    assert_eq!(limits[0]["remaining"], 0, "{body}");
+    // The month allowed this request too (its unit is given back after the answer).
+    assert_eq!(limits[1]["allowed"], true, "{body}");
+    assert_eq!(limits[1]["remaining"], 10_000 - granted - 1, "{body}");
+    // The month renews at midnight on the 1st in Berlin: at most 31 days away.
+    let reset = limits[1]["reset_after_ms"].as_u64().unwrap();
+    assert!(reset > 0 && reset <= 31 * 86_400_000, "{body}");
+}
