@@ -95,28 +95,8 @@ local function store(key, fields, w, c, ttl)
   if ttl then rcall('PEXPIRE', key, ttl) end
 end
 
--- A lone check of `cost` > 0 in the current window: one HINCRBY. Returns status, window and
--- count as read, or nil when the general path must decide (the HINCRBY undone).
-local function lone(key, j, cost)
-  local ok, c = pcall(rcall, 'HINCRBY', key, Field[j], cost)
-  if not ok then return nil end
-  if c > cost then
-    -- The field existed: it is the state's window.
-    if c > Limit[j] then
-      rcall('HINCRBY', key, Field[j], -cost)
-      return 0, Now[j], c - cost
-    end
-    return 1, Now[j], c - cost
-  end
-  if rcall('HLEN', key) == 1 then
-    -- A new window (or one refunded to 0, which decides alike): cost ≤ limit, granted.
-    rcall('PEXPIRE', key, ttl_until(End[j]))
-    return 1, 0, 0
-  end
-  -- Other windows are there (the field is new, as the hash holds only its newest window).
-  rcall('HDEL', key, Field[j])
-  return nil
-end
+-- Whether a request alone in its run may take the one-command path (checks only).
+local lone = not refund and not charge
 
 -- The run's key and its state: `ours` unless it holds a value Flowgate did not write; `live`
 -- when it has a value (read or to be written); `fields` the hash as read; `dirty` when the
@@ -126,11 +106,31 @@ for i = 1, #KEYS do
   local key = KEYS[i]
   local j, cost = request(i, 6)
   local status, rw, rc
-  if not refund and not charge and cost > 0 and Now[j] and KEYS[i - 1] ~= key and KEYS[i + 1] ~= key then
-    status, rw, rc = lone(key, j, cost)
+  if lone and cost > 0 and Field[j] and KEYS[i - 1] ~= key and KEYS[i + 1] ~= key then
+    -- A lone check: one HINCRBY (redis.pcall answers an error, e.g. WRONGTYPE, as a table
+    -- instead of raising it; the general path then reads the key).
+    local f = Field[j]
+    local c = redis.pcall('HINCRBY', key, f, cost)
+    if type(c) == 'number' then
+      if c > cost then
+        -- The field existed: it is the state's window.
+        status, rw, rc = 1, Now[j], c - cost
+        if c > Limit[j] then
+          rcall('HINCRBY', key, f, -cost)
+          status = 0
+        end
+      elseif rcall('HLEN', key) == 1 then
+        -- A new window (or one refunded to 0, which decides alike): cost ≤ limit, granted.
+        rcall('PEXPIRE', key, ttl_until(End[j]))
+        status, rw, rc = 1, 0, 0
+      else
+        -- Other windows are there (so the field is new: the hash holds only its newest).
+        rcall('HDEL', key, f)
+      end
+    end
   end
   if status then
-    -- Decided by `lone`; a key met again later is read again.
+    -- Decided in one command; a key met again later is read again.
     if dirty then store(cur, fields, sw, sc, ttl) end
     cur, dirty = nil, false
   else
