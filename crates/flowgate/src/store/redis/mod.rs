@@ -18,6 +18,13 @@
 //!   spans (period or burst time) later: setting an expiry costs Redis more than the write
 //!   itself, so the scripts refresh it only when the idle time crosses into a new
 //!   power-of-two bucket and keep it otherwise (`SET … KEEPTTL`).
+//! * **Commands per decision.** The fixed window (and calendar quotas) keeps a hash holding
+//!   only its newest window's count, so a request alone for its key in a batch is decided by
+//!   one `HINCRBY` of that window's field (undone when it goes past the limit; a new window
+//!   adds an `HLEN` and the expiry); the other algorithms read and write a key once per run of
+//!   requests for it. Values earlier builds wrote (text `"window count"`) are rewritten in
+//!   place on first use, their expiry kept; an earlier build that meets the new format reports
+//!   a value it did not write, so instances sharing a Redis are upgraded together.
 //! * **Throughput.** Concurrent requests are batched: many decisions share one script call,
 //!   grouped by algorithm and (on a cluster) by slot, pipelined on one multiplexed connection
 //!   per server; within a call, the requests for one key are adjacent, and the fixed window
