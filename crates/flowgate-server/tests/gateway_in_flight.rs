@@ -432,6 +432,23 @@ concurrency:
         .unwrap();
     let open = send(&client(), request).await;
     assert_eq!(open.status, 200);
+    // A key value that cannot be a key (the header twice) is a 400, before any store call.
+    let request = Request::get(format!("http://{}/plain", server.gateway.unwrap()))
+        .header("x-api-key", "a")
+        .header("x-api-key", "b")
+        .body(Full::default())
+        .unwrap();
+    let rejected = send(&client(), request).await;
+    assert_eq!(rejected.status, 400);
+    assert_eq!(rejected.header("content-type"), "application/problem+json");
+    assert!(
+        rejected.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than once"),
+        "{}",
+        rejected.json()
+    );
     assert_eq!(
         server
             .metric(r#"flowgate_gateway_responses_total{outcome="unavailable"}"#)

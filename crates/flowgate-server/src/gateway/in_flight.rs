@@ -382,3 +382,48 @@ where
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::gateway::Source;
+    use flowgate::http::key::Header;
+
+    fn parts(api_key: Option<&str>) -> Parts {
+        let mut request = http::Request::builder().uri("/a|b");
+        if let Some(key) = api_key {
+            request = request.header("x-api-key", key);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn keys_join_their_values_unambiguously_and_skip_a_missing_one() {
+        let config = GatewayConfig::default_for("d");
+        let header = EntryConfig {
+            key: "x-api-key".into(),
+            source: Source::Header(Header::new(http::HeaderName::from_static("x-api-key"))),
+        };
+        let path = EntryConfig {
+            key: "path".into(),
+            source: Source::Path,
+        };
+        let one = std::slice::from_ref(&header);
+        assert_eq!(
+            key_of(&config, one, &parts(Some("k|1")))
+                .unwrap()
+                .as_deref(),
+            Some("k|1"),
+            "one value: as it is (the lease key escapes it)"
+        );
+        let two = [header, path];
+        assert_eq!(
+            key_of(&config, &two, &parts(Some(r"k\|1")))
+                .unwrap()
+                .as_deref(),
+            Some(r"k\\\|1|/a\|b")
+        );
+        assert_eq!(key_of(&config, &two, &parts(None)).unwrap(), None);
+        assert_eq!(key_of(&config, &two[..1], &parts(None)).unwrap(), None);
+    }
+}
