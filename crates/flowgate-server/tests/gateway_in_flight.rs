@@ -542,7 +542,7 @@ fn an_unknown_concurrency_limit_is_an_error_at_its_line_and_field() {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
     };
-    let gateway = "domain: edge\ngateway:\n  descriptors: [[{key: remote_address}]]\n  in_flight:\n    - limit: checkuot\n      key: [{key: header, header: x-api-key}]\n    - {limit: checkout, key: []}\n    - {limit: checkout, key: [{key: cookie}]}\n";
+    let gateway = "domain: edge\ngateway:\n  descriptors: [[{key: remote_address}]]\n  in_flight:\n    - limit: checkuot\n      key: [{key: header, header: x-api-key}]\n    - {limit: checkout, key: []}\n    - {limit: checkout, key: [{key: cookie}]}\n    - {limit: checkout, key: [{key: path, as: p}]}\n";
     assert_eq!(
         error(&[
             ("gw.yaml", gateway),
@@ -554,6 +554,7 @@ fn an_unknown_concurrency_limit_is_an_error_at_its_line_and_field() {
         [
             "gw.yaml:7:30: `gateway.in_flight.key`: needs at least one entry, e.g. `[{key: remote_address}]`",
             "gw.yaml:8:37: `gateway.in_flight.key.key`: unknown source `cookie`; expected one of remote_address, header, path, method, host, jwt_claim, generic_key",
+            "gw.yaml:9:47: `gateway.in_flight.key.as`: does not apply to an `in_flight` key (it names descriptor entries)",
         ]
     );
     let fixed = "domain: edge\ngateway:\n  descriptors: [[{key: remote_address}]]\n  in_flight:\n    - limit: checkuot\n      key: [{key: header, header: x-api-key}]\n";

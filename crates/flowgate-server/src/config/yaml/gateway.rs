@@ -250,6 +250,15 @@ pub(super) fn convert_gateway(
             );
             continue;
         }
+        for entry in &key.value {
+            if let Some(k) = &entry.value.as_key {
+                error(
+                    k.at,
+                    "in_flight.key.as",
+                    "does not apply to an `in_flight` key (it names descriptor entries)".into(),
+                );
+            }
+        }
         let key = convert_entries(
             &key.value,
             "in_flight.key",
