@@ -19,7 +19,12 @@
 //!     - [{key: remote_address}]
 //!     - [{key: header, header: x-api-key, as: api_key}, {key: path}]
 //!     - [{key: method}, {key: jwt_claim, claim: plan}]
+//!   in_flight:                      # at most N requests in flight per key (leases)
+//!     - limit: checkout             # a `concurrency` entry's name (its limit and lease_time)
+//!       key: [{key: header, header: x-api-key}]   # the same sources as `descriptors`
 //! descriptors: ...                  # the rules the descriptors above are matched against
+//! concurrency:
+//!   - {name: checkout, limit: 20, lease_time: 30s}
 //! ```
 //!
 //! The YAML is read in `yaml/gateway.rs` (with positions); this module holds the validated
@@ -31,6 +36,7 @@ use std::time::Duration;
 use flowgate::http::key::{ClientIp, Header, JwtClaim};
 
 use super::address::ListenAddr;
+use super::concurrency::ConcurrencyLimit;
 
 /// Where the gateway listens unless the file or `--gateway` says otherwise.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8000));
@@ -83,6 +89,23 @@ pub struct GatewayConfig {
     /// events of a `text/event-stream` body. Charged like `usage_header` when the body ends;
     /// the header, when the response has it, wins.
     pub usage_json: Option<String>,
+    /// `in_flight`: the concurrency limits each request holds a lease of while it is in
+    /// flight (its response body included); empty: none, and nothing is asked.
+    pub in_flight: Vec<InFlightConfig>,
+}
+
+/// One `in_flight` item: at most `limit.terms.limit()` requests in flight per key built from
+/// `key`, held as leases of the `concurrency` limit `name`.
+#[derive(Debug, Clone)]
+pub struct InFlightConfig {
+    /// The `concurrency` limit's name (the leases' namespace, shared with `/v1/leases/{name}`).
+    pub name: String,
+    /// The limit and lease time, resolved from the `concurrency` section when the
+    /// configuration is loaded.
+    pub limit: ConcurrencyLimit,
+    /// The entries whose values, joined, key the leases (a request that lacks one of them
+    /// holds no lease of this limit).
+    pub key: Vec<EntryConfig>,
 }
 
 /// What the gateway does with the `X-Forwarded-For` and `Forwarded` fields of a request from a
@@ -116,6 +139,7 @@ impl GatewayConfig {
             forwarded: Forwarded::Overwrite,
             usage_header: None,
             usage_json: None,
+            in_flight: Vec::new(),
         }
     }
 }

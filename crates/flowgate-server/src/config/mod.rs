@@ -236,7 +236,7 @@ impl Policy {
         let mut errors = Vec::new();
         let mut domains = Vec::with_capacity(sources.len());
         let mut positions = Vec::with_capacity(sources.len());
-        let mut gateway: Option<(GatewayConfig, PathBuf)> = None;
+        let mut gateway: Option<(GatewayConfig, PathBuf, Vec<yaml::PendingInFlight>)> = None;
         let mut websocket: Option<(WebSocketConfig, PathBuf)> = None;
         let mut rlqs = std::collections::BTreeMap::new();
         let mut concurrency = std::collections::BTreeMap::new();
@@ -264,7 +264,7 @@ impl Policy {
                     domains.push(parsed.domain);
                     positions.push(parsed.positions);
                     match (parsed.gateway, &gateway) {
-                        (Some((_, at)), Some((_, first))) => errors.push(ConfigError::at(
+                        (Some((_, at, _)), Some((_, first, _))) => errors.push(ConfigError::at(
                             &source.path,
                             at,
                             Some("gateway"),
@@ -273,7 +273,9 @@ impl Policy {
                                 first.display()
                             ),
                         )),
-                        (Some((section, _)), None) => gateway = Some((section, source.path.clone())),
+                        (Some((section, _, in_flight)), None) => {
+                            gateway = Some((section, source.path.clone(), in_flight));
+                        }
                         (None, _) => {}
                     }
                     match (parsed.websocket, &websocket) {
@@ -295,6 +297,10 @@ impl Policy {
                 Err(mut e) => errors.append(&mut e),
             }
         }
+        let gateway = gateway.map(|(mut section, file, pending)| {
+            section.in_flight = resolve_in_flight(&file, pending, &concurrency, &mut errors);
+            section
+        });
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
         }
@@ -337,12 +343,47 @@ impl Policy {
             sources,
             xds: None,
             loaded_at: SystemTime::now(),
-            gateway: gateway.map(|(section, _)| section),
+            gateway,
             websocket: websocket.map(|(section, _)| section),
             rlqs,
             concurrency,
         })
     }
+}
+
+/// The gateway's `in_flight` items (of `file`) with their `concurrency` limits, found in any
+/// file; a name no file defines is an error at the item's `limit`.
+fn resolve_in_flight(
+    file: &Path,
+    pending: Vec<yaml::PendingInFlight>,
+    concurrency: &std::collections::BTreeMap<String, ConcurrencyLimit>,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<gateway::InFlightConfig> {
+    let mut resolved = Vec::with_capacity(pending.len());
+    for item in pending {
+        match concurrency.get(&item.name) {
+            Some(limit) => resolved.push(gateway::InFlightConfig {
+                name: item.name,
+                limit: *limit,
+                key: item.key,
+            }),
+            None => {
+                let known = if concurrency.is_empty() {
+                    "no file has a `concurrency` section".to_owned()
+                } else {
+                    let names: Vec<&str> = concurrency.keys().map(String::as_str).collect();
+                    format!("the configuration defines {}", names.join(", "))
+                };
+                errors.push(ConfigError::at(
+                    file,
+                    item.at,
+                    Some("gateway.in_flight.limit"),
+                    format!("no concurrency limit named `{}`; {known}", item.name),
+                ));
+            }
+        }
+    }
+    resolved
 }
 
 #[cfg(test)]

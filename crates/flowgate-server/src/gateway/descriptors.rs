@@ -41,7 +41,7 @@ pub(crate) fn need_peer(config: &GatewayConfig) -> bool {
 }
 
 /// The value of one entry, `None` when the request lacks it.
-fn value_of(
+pub(crate) fn value_of(
     config: &GatewayConfig,
     source: &Source,
     parts: &Parts,

@@ -7,6 +7,9 @@
 //! so reloads apply at once — and answered by the same renderer
 //! ([`Active::answer`](crate::api::Active::answer)). Then:
 //!
+//! * with `in_flight`: a lease of each named `concurrency` limit is taken first, held until
+//!   the response body ends and renewed while it streams; a full limit answers `429` with
+//!   `Retry-After` before the rate limit is asked ([`in_flight`]);
 //! * over a limit: `429` with `RateLimit-Policy`, `RateLimit`, `Retry-After` (whole seconds,
 //!   rounded up, never 0), `Cache-Control: no-store` and an `application/problem+json` body;
 //!   the request body is not read and nothing reaches the upstream;
@@ -41,6 +44,7 @@ pub mod descriptors;
 #[doc(hidden)]
 pub mod forward;
 mod idle;
+pub mod in_flight;
 #[doc(hidden)]
 pub mod path;
 mod pool;
@@ -74,13 +78,14 @@ use crate::listen::Acceptor;
 use crate::metrics::{Api, GatewayOutcome};
 
 pub use idle::{IdleBody, IdleError};
+pub use in_flight::{Lease, LeasedBody};
 pub use pool::UpstreamBody;
 pub use usage::UsageBody;
 
 /// The response body: the upstream's, streamed (given up when it stalls for
-/// `body_idle_timeout`; its usage read on the way, with `usage_json`), or one the gateway
-/// wrote.
-pub type Body = Either<UsageBody<IdleBody<UpstreamBody>>, Full<Bytes>>;
+/// `body_idle_timeout`; its usage read on the way, with `usage_json`; holding the request's
+/// in-flight leases until it ends, with `in_flight`), or one the gateway wrote.
+pub type Body = Either<LeasedBody<UsageBody<IdleBody<UpstreamBody>>>, Full<Bytes>>;
 
 /// The gateway's state, shared by every connection.
 pub struct Gateway {
@@ -202,7 +207,7 @@ impl Gateway {
 
         let active = self.service.active();
         let config = active.policy.gateway.as_ref().unwrap_or(&self.fallback);
-        if descriptors::need_peer(config) {
+        if descriptors::need_peer(config) || in_flight::need_peer(config) {
             // For the client-address source (an allocation the other sources do without).
             parts.extensions.insert(PeerAddr(peer));
         }
@@ -215,6 +220,16 @@ impl Gateway {
                 );
             }
         };
+        // In-flight leases first (see `in_flight`: no rate-limit unit is spent on a request
+        // refused for concurrency); one branch when there are none.
+        let held = if config.in_flight.is_empty() {
+            None
+        } else {
+            match in_flight::acquire(&self.service, config, &parts).await {
+                Ok(held) => Some(held),
+                Err(refusal) => return self.refuse_in_flight(refusal),
+            }
+        };
         let usage = self.usage(&active, config, &mut descriptors);
         let mut answer = None;
         if !descriptors.is_empty() {
@@ -224,10 +239,15 @@ impl Gateway {
                 .await;
             let decided = active.answer(&verdict);
             if !decided.allowed() {
+                if let Some(held) = held {
+                    // Refused by the rate limit: it holds no lease once the client sees it.
+                    held.give_back().await;
+                }
                 return self.refuse(decided);
             }
             answer = Some(decided);
         }
+        let lease = held.and_then(in_flight::Held::keep);
         let timeouts = Timeouts {
             response_head: config.upstream_timeout,
             body_idle: config.body_idle_timeout,
@@ -235,7 +255,11 @@ impl Gateway {
         let keep_earlier =
             config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         drop(active);
-        let head = OnHead { answer, usage };
+        let head = OnHead {
+            answer,
+            usage,
+            lease,
+        };
         // Boxed: the exchange with the upstream is most of this future's size, and the future
         // is moved several times on its way into the connection's task (memcpy, measured with
         // callgrind); one allocation costs less, and a refused request does not make it.
@@ -368,7 +392,26 @@ impl Gateway {
             timeouts.body_idle,
             metrics.response_body_timeouts.clone(),
         );
-        Response::from_parts(parts, Either::Left(UsageBody::new(body, scan)))
+        let body = LeasedBody::new(UsageBody::new(body, scan), head.lease);
+        Response::from_parts(parts, Either::Left(body))
+    }
+
+    /// The answer to a request the in-flight limits do not admit.
+    fn refuse_in_flight(&self, refusal: in_flight::Refusal) -> Response<Body> {
+        let outcome = match &refusal {
+            in_flight::Refusal::Rejected(_) => GatewayOutcome::Rejected,
+            in_flight::Refusal::Full { .. } => GatewayOutcome::InFlightLimited,
+            in_flight::Refusal::Unavailable => GatewayOutcome::Unavailable,
+        };
+        self.service.metrics().gateway_response(outcome);
+        let mut response = refusal.into_response().map(|b| Either::Right(Full::new(b)));
+        if outcome == GatewayOutcome::Rejected {
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 }
 
@@ -453,6 +496,8 @@ struct OnHead {
     answer: Option<Answer>,
     /// The usage to charge, from the head's `usage_header` or the body's `usage_json`.
     usage: Option<usage::Usage>,
+    /// The request's in-flight leases, held by the response body until it ends.
+    lease: Option<in_flight::Lease>,
 }
 
 /// The time limits of one forwarded request.

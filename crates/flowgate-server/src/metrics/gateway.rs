@@ -2,7 +2,9 @@
 //! connections (`flowgate_gateway_upstream_connects_total`, which with keep-alive working stays
 //! far below the forwarded responses, `flowgate_gateway_upstream_idle_connections`, …), and
 //! the usage reports it could not read (`flowgate_gateway_usage_unread_total{reason}`; the
-//! units it charged are counted per rule, `flowgate_charged_units_total`).
+//! units it charged are counted per rule, `flowgate_charged_units_total`), and its in-flight
+//! leases (`flowgate_gateway_in_flight_leases`, held now by this instance;
+//! `flowgate_gateway_leases_lost_total`, expired while their request was still in flight).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -25,17 +27,20 @@ pub enum GatewayOutcome {
     BadGateway = 4,
     /// 504: the upstream did not answer in time.
     GatewayTimeout = 5,
+    /// 429: an in-flight limit (`in_flight`) had every slot held.
+    InFlightLimited = 6,
 }
 
 impl GatewayOutcome {
     /// Every outcome's label value, by discriminant.
-    const LABELS: [&'static str; 6] = [
+    const LABELS: [&'static str; 7] = [
         "forwarded",
         "limited",
         "rejected",
         "unavailable",
         "bad_gateway",
         "gateway_timeout",
+        "in_flight_limited",
     ];
 }
 
@@ -108,7 +113,11 @@ pub struct UpstreamMetrics {
 #[derive(Debug)]
 pub(super) struct GatewayMetrics {
     /// Responses by outcome, resolved once (by [`GatewayOutcome`]).
-    responses: [Counter; 6],
+    responses: [Counter; 7],
+    /// In-flight leases held now for requests in flight.
+    leases_held: Gauge,
+    /// Leases that expired while their request was in flight (a renewal found them gone).
+    leases_lost: Counter,
     /// Usage reports not read, by reason (by [`UsageUnread`]).
     usage_unread: [Counter; 5],
     /// The pool of upstream connections.
@@ -170,11 +179,40 @@ impl GatewayMetrics {
             "Upstream response bodies given up after body_idle_timeout without data",
             upstream.response_body_timeouts.clone(),
         );
+        let leases_held = Gauge::default();
+        registry.register(
+            "gateway_in_flight_leases",
+            "In-flight leases (gateway.in_flight) this instance holds now for requests in flight",
+            leases_held.clone(),
+        );
+        let leases_lost = Counter::default();
+        registry.register(
+            "gateway_leases_lost",
+            "In-flight leases that expired before their request ended (a renewal found them gone)",
+            leases_lost.clone(),
+        );
         GatewayMetrics {
             responses,
             usage_unread,
             upstream,
+            leases_held,
+            leases_lost,
         }
+    }
+
+    /// Counts a lease taken (held until [`lease_ended`](Self::lease_ended)).
+    pub(super) fn lease_taken(&self) {
+        self.leases_held.inc();
+    }
+
+    /// Counts a lease no longer held.
+    pub(super) fn lease_ended(&self) {
+        self.leases_held.dec();
+    }
+
+    /// Counts a lease that expired while its request was in flight.
+    pub(super) fn lease_lost(&self) {
+        self.leases_lost.inc();
     }
 
     /// Counts a usage report that could not be read.

@@ -136,6 +136,21 @@ impl Metrics {
         self.gateway.response(outcome);
     }
 
+    /// Counts an in-flight lease the gateway took for a request.
+    pub fn gateway_lease_taken(&self) {
+        self.gateway.lease_taken();
+    }
+
+    /// Counts an in-flight lease the gateway no longer holds (released, or lost).
+    pub fn gateway_lease_ended(&self) {
+        self.gateway.lease_ended();
+    }
+
+    /// Counts an in-flight lease that expired while its request was in flight.
+    pub fn gateway_lease_lost(&self) {
+        self.gateway.lease_lost();
+    }
+
     /// Counts a usage report of an upstream response that the gateway could not read.
     pub fn usage_unread(&self, reason: UsageUnread) {
         self.gateway.usage_unread(reason);

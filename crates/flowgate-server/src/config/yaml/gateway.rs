@@ -57,6 +57,31 @@ pub(super) struct GatewayYaml {
     /// A JSON pointer to the units used in the upstream's response body.
     #[serde(default)]
     usage_json: Option<Spanned<String>>,
+    /// Concurrency limits each request holds a lease of while in flight.
+    #[serde(default)]
+    in_flight: Option<Spanned<Vec<Spanned<InFlightYaml>>>>,
+}
+
+/// One item of `in_flight`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InFlightYaml {
+    /// The `concurrency` limit's name.
+    limit: Spanned<String>,
+    /// The entries keying the leases (the sources of `descriptors`).
+    key: Spanned<Vec<Spanned<EntryYaml>>>,
+}
+
+/// An `in_flight` item whose `concurrency` limit is still to be found (in any file): its
+/// name, the name's position, and its key.
+#[derive(Debug)]
+pub(crate) struct PendingInFlight {
+    /// The `concurrency` limit's name.
+    pub(crate) name: String,
+    /// Where the name is.
+    pub(crate) at: (u64, u64),
+    /// The key's entries.
+    pub(crate) key: Vec<EntryConfig>,
 }
 
 /// One entry of a gateway descriptor.
@@ -92,6 +117,8 @@ pub(super) struct JwtYaml {
 }
 
 /// Validates the `gateway` section; pushes its errors and returns `None` when it has any.
+/// Its `in_flight` items come back apart (the configuration's `in_flight` is left empty):
+/// their `concurrency` limits may be defined by another file.
 pub(super) fn convert_gateway(
     file: &Path,
     domain: &str,
@@ -99,7 +126,7 @@ pub(super) fn convert_gateway(
     at_section: (u64, u64),
     errors: &mut Vec<ConfigError>,
     references: &mut Vec<Reference>,
-) -> Option<GatewayConfig> {
+) -> Option<(GatewayConfig, Vec<PendingInFlight>)> {
     let before = errors.len();
     let mut error = |at: (u64, u64), field: &str, message: String| {
         errors.push(ConfigError::at(
@@ -146,23 +173,13 @@ pub(super) fn convert_gateway(
                     );
                     continue;
                 }
-                let mut built = Vec::with_capacity(entries.len());
-                for entry in entries {
-                    let at = entry.at;
-                    let e = &entry.value;
-                    let source = convert_source(e, jwt.as_ref(), g.jwt.is_some(), at, &mut error);
-                    let key = match &e.as_key {
-                        Some(k) if k.value.is_empty() => {
-                            error(k.at, "descriptors.as", "must not be empty".into());
-                            None
-                        }
-                        Some(k) => Some(k.value.clone()),
-                        None => source.as_ref().map(|(_, name)| name.clone()),
-                    };
-                    if let (Some((source, _)), Some(key)) = (source, key) {
-                        built.push(EntryConfig { key, source });
-                    }
-                }
+                let built = convert_entries(
+                    entries,
+                    "descriptors",
+                    jwt.as_ref(),
+                    g.jwt.is_some(),
+                    &mut error,
+                );
                 descriptors.push(built);
             }
         }
@@ -222,10 +239,44 @@ pub(super) fn convert_gateway(
         }
     });
 
+    let mut in_flight = Vec::new();
+    for item in g.in_flight.iter().flat_map(|list| &list.value) {
+        let InFlightYaml { limit, key } = &item.value;
+        if key.value.is_empty() {
+            error(
+                key.at,
+                "in_flight.key",
+                "needs at least one entry, e.g. `[{key: remote_address}]`".into(),
+            );
+            continue;
+        }
+        for entry in &key.value {
+            if let Some(k) = &entry.value.as_key {
+                error(
+                    k.at,
+                    "in_flight.key.as",
+                    "does not apply to an `in_flight` key (it names descriptor entries)".into(),
+                );
+            }
+        }
+        let key = convert_entries(
+            &key.value,
+            "in_flight.key",
+            jwt.as_ref(),
+            g.jwt.is_some(),
+            &mut error,
+        );
+        in_flight.push(PendingInFlight {
+            name: limit.value.trim().to_owned(),
+            at: limit.at,
+            key,
+        });
+    }
+
     if errors.len() > before {
         return None;
     }
-    Some(GatewayConfig {
+    let config = GatewayConfig {
         forwarded,
         usage_header,
         usage_json,
@@ -237,7 +288,37 @@ pub(super) fn convert_gateway(
         upstream_max_connections: upstream_max_connections?,
         upstream_queue_timeout,
         body_idle_timeout,
-    })
+        in_flight: Vec::new(),
+    };
+    Some((config, in_flight))
+}
+
+/// The entries of a descriptor or of an `in_flight` key (`field`: where they are, for
+/// errors); those in error are reported and left out.
+fn convert_entries(
+    entries: &[Spanned<EntryYaml>],
+    field: &str,
+    jwt: Option<&Jwt>,
+    jwt_configured: bool,
+    error: &mut impl FnMut((u64, u64), &str, String),
+) -> Vec<EntryConfig> {
+    let mut built = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let e = &entry.value;
+        let source = convert_source(e, field, jwt, jwt_configured, entry.at, error);
+        let key = match &e.as_key {
+            Some(k) if k.value.is_empty() => {
+                error(k.at, &format!("{field}.as"), "must not be empty".into());
+                None
+            }
+            Some(k) => Some(k.value.clone()),
+            None => source.as_ref().map(|(_, name)| name.clone()),
+        };
+        if let (Some((source, _)), Some(key)) = (source, key) {
+            built.push(EntryConfig { key, source });
+        }
+    }
+    built
 }
 
 /// Builds the verifier of a `jwt` block; reports what is wrong with it through `error` (field
@@ -294,9 +375,11 @@ pub(super) fn convert_jwt(
     }
 }
 
-/// One entry's source and its default descriptor key; reports what is wrong with it.
+/// One entry's source and its default descriptor key; reports what is wrong with it (under
+/// `field`, the entry's list: `descriptors` or `in_flight.key`).
 fn convert_source(
     e: &EntryYaml,
+    field: &str,
     jwt: Option<&Jwt>,
     jwt_configured: bool,
     at: (u64, u64),
@@ -312,7 +395,7 @@ fn convert_source(
         other => {
             error(
                 e.key.at,
-                "descriptors.key",
+                &format!("{field}.key"),
                 format!(
                     "unknown source `{other}`; expected one of {}",
                     Source::NAMES
@@ -322,7 +405,7 @@ fn convert_source(
         }
     };
     let mut ok = true;
-    for (field, given, wanted) in [
+    for (name, given, wanted) in [
         ("header", &e.header, wants_header),
         ("claim", &e.claim, wants_claim),
         ("value", &e.value, wants_value),
@@ -331,7 +414,7 @@ fn convert_source(
             Some(v) if !wanted => {
                 error(
                     v.at,
-                    &format!("descriptors.{field}"),
+                    &format!("{field}.{name}"),
                     format!("does not apply to `key: {source}`"),
                 );
                 ok = false;
@@ -339,7 +422,7 @@ fn convert_source(
             None if wanted => {
                 error(
                     at,
-                    &format!("descriptors.{field}"),
+                    &format!("{field}.{name}"),
                     format!("is required with `key: {source}`"),
                 );
                 ok = false;
@@ -365,7 +448,7 @@ fn convert_source(
                 Err(_) => {
                     error(
                         h.at,
-                        "descriptors.header",
+                        &format!("{field}.header"),
                         format!("`{}` is not a header name", h.value),
                     );
                     None
@@ -375,7 +458,7 @@ fn convert_source(
         "jwt_claim" => {
             let c = e.claim.as_ref()?;
             if c.value.is_empty() {
-                error(c.at, "descriptors.claim", "must not be empty".into());
+                error(c.at, &format!("{field}.claim"), "must not be empty".into());
                 return None;
             }
             match jwt {
@@ -388,7 +471,7 @@ fn convert_source(
                     if !jwt_configured {
                         error(
                             e.key.at,
-                            "descriptors.key",
+                            &format!("{field}.key"),
                             "`jwt_claim` needs a `gateway.jwt` block saying how tokens are verified"
                                 .into(),
                         );

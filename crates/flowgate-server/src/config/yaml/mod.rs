@@ -37,6 +37,7 @@ use super::websocket::WebSocketConfig;
 use concurrency::{ConcurrencyYaml, convert_concurrency};
 pub(crate) use de::Spanned;
 use de::{Problem, from_node};
+pub(crate) use gateway::PendingInFlight;
 use gateway::{GatewayYaml, convert_gateway};
 use node::Node;
 use rlqs::{RlqsYaml, convert_rlqs};
@@ -131,8 +132,9 @@ pub(crate) struct Parsed {
     pub(crate) domain: DomainSpec,
     /// Where its rules are, for later errors.
     pub(crate) positions: Positions,
-    /// The `gateway` section, if any, with its position.
-    pub(crate) gateway: Option<(GatewayConfig, (u64, u64))>,
+    /// The `gateway` section, if any, with its position and its `in_flight` items (their
+    /// `concurrency` limits still to be found).
+    pub(crate) gateway: Option<(GatewayConfig, (u64, u64), Vec<PendingInFlight>)>,
     /// The `websocket` section, if any, with its position.
     pub(crate) websocket: Option<(WebSocketConfig, (u64, u64))>,
     /// The `rlqs` section, if any.
@@ -197,7 +199,7 @@ pub(crate) fn parse(
             &mut checked,
             references,
         )
-        .map(|g| (g, at))
+        .map(|(g, in_flight)| (g, at, in_flight))
     });
     let websocket = yaml.websocket.and_then(|w| {
         let at = w.at;
