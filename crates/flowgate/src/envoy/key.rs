@@ -130,7 +130,10 @@ mod tests {
         assert_eq!(decode_counter_key("d|k"), None);
         // A suffix that is not a quota (or not the one it writes back to) has none.
         assert_eq!(decode_counter_key("d|k=v#gcra:x").unwrap().quota, None);
-        assert_eq!(decode_counter_key("d|k=v#gcra:1:1000:01").unwrap().quota, None);
+        assert_eq!(
+            decode_counter_key("d|k=v#gcra:1:1000:01").unwrap().quota,
+            None
+        );
     }
 
     #[cfg(feature = "calendar")]

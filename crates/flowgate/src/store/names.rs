@@ -99,7 +99,12 @@ impl Names {
 
     /// Up to `limit` names starting with `prefix` after `after` (exclusive), in order; and
     /// whether the names starting with `prefix` end there.
-    pub(crate) fn page(&self, prefix: &str, after: Option<&str>, limit: usize) -> (Candidates, bool) {
+    pub(crate) fn page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Candidates, bool) {
         let names = self.names.lock();
         let start = match after {
             Some(after) if after >= prefix => Bound::Excluded(after),

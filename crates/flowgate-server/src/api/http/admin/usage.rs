@@ -102,7 +102,11 @@ struct Query {
 /// The query string's parameters (`application/x-www-form-urlencoded`), or the 400.
 fn parse_query(query: Option<&str>) -> Result<Query, Problem> {
     let mut parsed = Query::default();
-    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = percent_decode_str(&value.replace('+', " "))
             .decode_utf8()
