@@ -92,11 +92,8 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/config", get(config::config))
-        // A domain alone lists its counters; `DELETE` on it is refused as before (400).
-        .route(
-            "/v1/keys/{domain}",
-            get(admin::usage::list).delete(admin::reset),
-        )
+        // `GET /v1/keys/{domain}` (a domain alone) lists its counters: `inspect` hands it to
+        // `admin::usage::list` (one catch-all route: the router cannot hold both).
         .route(
             "/v1/keys/{*descriptor}",
             get(admin::inspect).delete(admin::reset),

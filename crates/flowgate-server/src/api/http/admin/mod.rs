@@ -197,6 +197,14 @@ pub(crate) async fn inspect(
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
+    // A domain alone (`/v1/keys/{domain}`): the listing of its counters.
+    if uri
+        .path()
+        .strip_prefix(PREFIX)
+        .is_some_and(|rest| !rest.contains('/'))
+    {
+        return usage::list(State(service), peer, method, uri, headers).await;
+    }
     keys(&service, peer, method, &uri, &headers).await
 }
 
