@@ -114,7 +114,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// The bytes of a [`hex`] string, if it is one.
 pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())

@@ -142,18 +142,21 @@ fn store_prefix(domain: &str, prefix: &str) -> Result<String, Problem> {
             .map(|s| s.into_owned())
             .map_err(|_| Problem::bad_request(format!("`{part}` is not percent-encoded UTF-8")))
     };
-    let mut key = String::new();
-    let mut writer = KeyWriter::domain(&mut key, domain);
+    let mut fields = Vec::new();
     for segment in prefix.split('/').filter(|s| !s.is_empty()) {
         let Some((name, value)) = segment.split_once('=') else {
             return Err(Problem::bad_request(format!(
                 "prefix segment `{segment}` is not key=value; expected key=value/key2=val… (the last value may be cut short)"
             )));
         };
-        writer = writer.field(&decode(name)?, &decode(value)?);
+        fields.push((decode(name)?, decode(value)?));
     }
-    drop(writer);
-    if prefix.split('/').all(str::is_empty) {
+    let mut key = String::new();
+    let mut writer = KeyWriter::domain(&mut key, domain);
+    for (name, value) in &fields {
+        writer = writer.field(name, value);
+    }
+    if fields.is_empty() {
         key.push('|');
     }
     Ok(key)
