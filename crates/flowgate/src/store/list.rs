@@ -58,6 +58,18 @@ pub struct KeyPage {
     pub complete: bool,
 }
 
+impl KeyPage {
+    /// A page of `keys`, followed by the page at `next` (`None`: the last page); `complete`:
+    /// whether the store names every counter it holds.
+    pub fn new(keys: Vec<String>, next: Option<String>, complete: bool) -> Self {
+        KeyPage {
+            keys,
+            next,
+            complete,
+        }
+    }
+}
+
 /// Why a listing failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

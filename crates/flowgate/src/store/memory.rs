@@ -335,15 +335,15 @@ impl<C: Clock> MemoryStore<C> {
     fn held(&self, name: &str, algorithms: u8) -> u8 {
         let key = self.keys.key(name);
         let m = &self.maps;
-        let present = [
-            m.gcra.contains(&key),
-            m.leaky.contains(&key),
-            m.fixed.contains(&key),
-            m.sliding.contains(&key),
-            m.log.contains(&key),
-        ];
+        let present = |i: usize| match i {
+            0 => m.gcra.contains(&key),
+            1 => m.leaky.contains(&key),
+            2 => m.fixed.contains(&key),
+            3 => m.sliding.contains(&key),
+            _ => m.log.contains(&key),
+        };
         (0..5)
-            .filter(|&i| algorithms & (1 << i) != 0 && present[i])
+            .filter(|&i| algorithms & (1 << i) != 0 && present(i))
             .fold(0, |held, i| held | (1 << i))
     }
 
