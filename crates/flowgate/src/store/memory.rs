@@ -82,15 +82,22 @@ impl KeyHasher {
 
 type Map<C> = ShardedMap<Key, Tracked<C>>;
 
+std::thread_local! {
+    /// Set when [`update`] inserts a key on this thread: the names directory reads (and
+    /// clears) it after a check, so that a check on a key that exists passes nothing more to
+    /// the table than it did without the directory. A flag left set by another store on this
+    /// thread only makes a later check record a name again, which is harmless.
+    static INSERTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Applies `f` to `key`'s state in `map`, inserting the key if `f` changed a fresh state, and
-/// records when the state goes idle. `inserted` runs when the key is inserted (only then).
+/// records when the state goes idle (and, in [`INSERTED`], that a key was inserted).
 fn update<C: Cell, R>(
     map: &Map<C>,
     key: &Key,
     quota: &Quota,
     now: Nanos,
     f: impl Fn(&mut C::State) -> R,
-    inserted: impl FnOnce(),
 ) -> R {
     map.update(
         key,
@@ -113,7 +120,7 @@ fn update<C: Cell, R>(
             (result, Some(tracked))
         },
         |k: &Key| {
-            inserted();
+            INSERTED.set(true);
             *k
         },
     )
@@ -278,13 +285,15 @@ impl<C: Clock> MemoryStore<C> {
         quota.check_cost(cost)?;
         let name = key;
         let key = self.keys.key(name);
-        Ok(with_map!(self, quota, m => {
+        let decision = with_map!(self, quota, m => {
             decide(&self.clock, self.lag, |now| {
-                update(m, &key, quota, now, |s| s.check(quota, cost, now), || {
-                    self.named(name, quota)
-                })
+                update(m, &key, quota, now, |s| s.check(quota, cost, now))
             })
-        }))
+        });
+        if let Some(names) = &self.names {
+            names.inserted(name, quota);
+        }
+        Ok(decision)
     }
 
     /// Takes a charge ([`Ask::charge`]), at a precise reading of the clock. Apart from the
@@ -295,19 +304,13 @@ impl<C: Clock> MemoryStore<C> {
     fn charge(&self, ask: Ask<'_>) -> Decision {
         let (quota, cost, now) = (ask.quota, ask.cost, self.clock.now());
         let key = self.keys.key(ask.key);
-        with_map!(self, quota, m => {
-            update(m, &key, quota, now, |s| s.charge(quota, cost, now), || {
-                self.named(ask.key, quota)
-            })
-        })
-    }
-
-    /// Records the name of a key just inserted, when listing is on.
-    #[inline]
-    fn named(&self, name: &str, quota: &Quota) {
+        let decision = with_map!(self, quota, m => {
+            update(m, &key, quota, now, |s| s.charge(quota, cost, now))
+        });
         if let Some(names) = &self.names {
-            names.record(name, index_of(quota.algorithm()));
+            names.inserted(ask.key, quota);
         }
+        decision
     }
 
     /// Gives back `ask.cost` units, synchronously.
@@ -442,6 +445,16 @@ impl<C: Clock> MemoryStore<C> {
             bytes: a.bytes + b.bytes,
             evicted_active: a.evicted_active + b.evicted_active,
         })
+    }
+}
+
+impl Names {
+    /// Records `name` (of `quota`'s algorithm) if the check just made inserted its key.
+    #[inline]
+    fn inserted(&self, name: &str, quota: &Quota) {
+        if INSERTED.replace(false) {
+            self.record(name, index_of(quota.algorithm()));
+        }
     }
 }
 

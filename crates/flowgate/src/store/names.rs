@@ -2,9 +2,9 @@
 //! as hashes, so that they can be listed ([`ListKeys`](super::list::ListKeys)). Opt-in
 //! ([`MemoryStoreBuilder::list_keys`](super::MemoryStoreBuilder::list_keys)).
 //!
-//! * **Written only when a key is first inserted** (under its shard's write lock, where the
-//!   insertion already is), never on the path of a key that exists: that path stays as it was,
-//!   allocation-free.
+//! * **Written only when a key is first inserted** (right after the insertion, once the
+//!   shard's lock is released), never on the path of a key that exists: that path stays as it
+//!   was, allocation-free.
 //! * **Bounded**: at most as many names as one algorithm's table holds keys. When it is full,
 //!   a new name is not recorded and the directory counts it as missing; a listing then says
 //!   it may be incomplete ([`KeyPage::complete`](super::list::KeyPage::complete)) until a
@@ -16,8 +16,9 @@
 //! * **Sorted**: a listing walks the names in order from its cursor (the last name returned),
 //!   so a name present the whole time is returned exactly once.
 //!
-//! Lock order: a shard's lock, then the directory's (recording); a listing or a prune holds
-//! the directory's lock only to copy names out or drop them, never while asking a table.
+//! The directory's lock is never held with a shard's: recording happens after the insertion,
+//! and a listing or a prune holds it only to copy names out or drop them, never while asking
+//! a table.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
