@@ -1,8 +1,8 @@
 //! Usage you can list: `GET /v1/keys/{domain}?prefix=…` over real HTTP (pages, prefixes,
 //! every kind of counter — several limits, a calendar quota, a charge, a fixed window — each
 //! showing what the single-counter endpoint shows; refusals as the other admin routes), and
-//! `flowgate export` run as a binary against a running `flowgate serve`, in memory and on a
-//! real `redis-server`, checking its CSV and JSON lines.
+//! `flowgate export` run as a binary against a running `flowgate serve`, in memory, on a
+//! real `redis-server` and on a 3-master Redis Cluster, checking its CSV and JSON lines.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -403,6 +403,20 @@ fn export_writes_a_redis_stores_usage_as_csv_and_json_lines() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut serving = serve(dir.path(), &["--redis", &redis.url()]);
+    requests_then_export(&serving);
+    let _ = serving.child.kill();
+    serving.wait_exit(Duration::from_secs(10));
+}
+
+#[test]
+fn export_writes_a_redis_clusters_usage_from_every_master() {
+    let Some(cluster) =
+        flowgate_testing::redis::RedisCluster::start("usage_export_redis_cluster", 3, 0)
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut serving = serve(dir.path(), &["--redis", &cluster.urls().join(",")]);
     requests_then_export(&serving);
     let _ = serving.child.kill();
     serving.wait_exit(Duration::from_secs(10));
