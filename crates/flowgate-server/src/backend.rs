@@ -13,6 +13,7 @@ use flowgate::clock::{Clock, PreciseClock};
 use flowgate::lease::{Leases, MemoryLeases};
 use flowgate::local::TableStats;
 use flowgate::rlqs::Ledger;
+use flowgate::store::list::ListKeys;
 use flowgate::store::{Ask, DynStore, FallbackStats, FallbackStore, MemoryStore, Store};
 use flowgate::{FailMode, Quota};
 
@@ -33,6 +34,11 @@ pub struct Backend {
     /// Where in-flight leases are held (`/v1/leases`): this process's memory, or the shared
     /// store's.
     leases: Arc<dyn Leases>,
+    /// What lists the counters (`GET /v1/keys/{domain}`), when the store can.
+    lister: Option<Arc<dyn ListKeys>>,
+    /// Whether this is [`Backend::default`]'s memory store, untouched: the server may rebuild
+    /// it with its names directory on ([`Backend::listing`]).
+    default_memory: bool,
 }
 
 impl std::fmt::Debug for Backend {
@@ -50,9 +56,12 @@ impl Default for Backend {
     /// clock would start a thread that wakes every millisecond (1.9 % of a pinned core while
     /// idle, preempting the worker on it).
     fn default() -> Self {
-        Backend::memory(Arc::new(
-            MemoryStore::builder().clock(PreciseClock::new()).build(),
-        ))
+        Backend {
+            default_memory: true,
+            ..Backend::memory(Arc::new(
+                MemoryStore::builder().clock(PreciseClock::new()).build(),
+            ))
+        }
     }
 }
 
@@ -88,20 +97,53 @@ impl Backend {
             memory: None,
             quota_ledger: None,
             leases: memory_leases(),
+            lister: None,
+            default_memory: false,
         }
     }
 
     /// Counters in this process's memory store (bounded by its `max_keys` per algorithm),
     /// whose size and evictions `/metrics` reports.
+    /// Its counters can be listed when the store keeps their names
+    /// ([`MemoryStoreBuilder::list_keys`](flowgate::store::MemoryStoreBuilder::list_keys)).
     pub fn memory<C: Clock + 'static>(store: Arc<MemoryStore<C>>) -> Self {
         let stats = store.clone();
         Backend {
+            lister: Some(store.clone()),
             store,
             shared: None,
             memory: Some(Arc::new(move || stats.stats())),
             quota_ledger: None,
             leases: memory_leases(),
+            default_memory: false,
         }
+    }
+
+    /// The same backend, ready to list its counters: [`Backend::default`]'s memory store is
+    /// rebuilt with its names directory on (before anything was counted in it); any other
+    /// backend is returned as it is. The server calls this when the admin endpoints are on.
+    pub fn listing(self) -> Self {
+        if !self.default_memory {
+            return self;
+        }
+        Backend::memory(Arc::new(
+            MemoryStore::builder()
+                .clock(PreciseClock::new())
+                .list_keys(true)
+                .build(),
+        ))
+    }
+
+    /// The same backend, listing its counters through `lister` (the shared store itself,
+    /// e.g. a [`RedisStore`](flowgate::store::RedisStore)).
+    pub fn with_lister(mut self, lister: Arc<dyn ListKeys>) -> Self {
+        self.lister = Some(lister);
+        self
+    }
+
+    /// What lists the counters, if the store can.
+    pub fn lister(&self) -> Option<&dyn ListKeys> {
+        self.lister.as_deref()
     }
 
     /// Counters in `store`, shared with other instances, behind a breaker and `options`.
@@ -119,6 +161,8 @@ impl Backend {
             memory: None,
             quota_ledger: None,
             leases: memory_leases(),
+            lister: None,
+            default_memory: false,
         }
     }
 

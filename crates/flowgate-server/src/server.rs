@@ -191,8 +191,14 @@ pub async fn run(
         ..api::InputLimits::default()
     };
     let quota_ledger = config.backend.quota_ledger();
+    // The admin endpoints list counters: the default memory store then keeps their names.
+    let backend = if config.admin_token.is_some() {
+        config.backend.listing()
+    } else {
+        config.backend
+    };
     let service = Arc::new(
-        Service::new(config.policy, config.backend)
+        Service::new(config.policy, backend)
             .with_admin_token(config.admin_token)
             .with_input_limits(input)
             .with_rls_settings(config.rls),

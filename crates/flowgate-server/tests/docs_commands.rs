@@ -1,4 +1,4 @@
-//! The commands the README's tour, docs/service.md's API, in-flight and admin examples and
+//! The commands the README's tour, docs/service.md's API, in-flight, admin and usage examples and
 //! docs/llm-token-budgets.md show, run as shown against the built binary, and what they print compared with what the document shows.
 //!
 //! How a documented block runs:
@@ -538,6 +538,10 @@ fn docs_service_api_and_admin_examples_print_what_they_show() {
     );
     run_steps(
         &block_with(&doc, "export FLOWGATE_ADMIN_TOKEN=$(openssl rand -hex 32)"),
+        Session::new(),
+    );
+    run_steps(
+        &block_with(&doc, "flowgate export --server http://localhost:8080"),
         Session::new(),
     );
     run_steps(

@@ -249,6 +249,28 @@ async fn every_response_of_the_running_server_matches_openapi_json() {
             200,
         ),
         (
+            "GET",
+            "/v1/keys/api?prefix=user%3D&limit=1".into(),
+            vec![("authorization", auth.clone())],
+            String::new(),
+            200,
+        ),
+        (
+            "GET",
+            "/v1/keys/api?limit=0".into(),
+            vec![("authorization", auth.clone())],
+            String::new(),
+            400,
+        ),
+        ("GET", "/v1/keys/api".into(), vec![], String::new(), 401),
+        (
+            "GET",
+            "/v1/keys/api".into(),
+            vec![("authorization", "Bearer nope".into())],
+            String::new(),
+            403,
+        ),
+        (
             "DELETE",
             "/v1/keys/api/user=a".into(),
             vec![],

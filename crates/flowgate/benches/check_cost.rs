@@ -12,7 +12,8 @@
 //! `check_cost.sh` runs the binary under cachegrind with 10 and with 20 rounds over the keys
 //! and divides the difference by 10 × N: the cost of a check on an existing key, with the
 //! inserts and the set-up taken out. `MODE=keyed`: `KeyedRateLimiter<u64>::try_check_key`;
-//! `MODE=store`: `MemoryStore::check_now` on `"user:<n>"` keys; `N` keys, `R` rounds.
+//! `MODE=store`: `MemoryStore::check_now` on `"user:<n>"` keys (with `NAMES=1`, on a store
+//! that keeps its names for listing: `MemoryStoreBuilder::list_keys`); `N` keys, `R` rounds.
 //!
 //! With `T=1`, `T=2`, …, it instead runs the checks on that many threads and prints the
 //! throughput and the CPU time per check (see `threads`).
@@ -147,7 +148,10 @@ fn main() {
     }
     if std::env::var("MODE").is_ok_and(|m| m == "store") {
         let keys: Vec<String> = keys.iter().map(|k| format!("user:{}", k >> 24)).collect();
-        let store = MemoryStore::builder().clock(clock).build();
+        let store = MemoryStore::builder()
+            .clock(clock)
+            .list_keys(std::env::var_os("NAMES").is_some())
+            .build();
         measure(
             n,
             rounds,

@@ -136,6 +136,7 @@ use utoipa::{Modify, OpenApi};
         super::http::config::config,
         super::http::admin::inspect,
         super::http::admin::reset,
+        super::http::admin::usage::list,
         super::http::leases::acquire,
         super::http::leases::held,
         super::http::leases::renew,

@@ -1,7 +1,8 @@
-//! Command-line interface: `flowgate serve`, `flowgate check-config`, `flowgate loadgen`
-//! (feature `loadgen`), `flowgate simulate` (feature `simulate`).
+//! Command-line interface: `flowgate serve`, `flowgate check-config`, `flowgate export`,
+//! `flowgate loadgen` (feature `loadgen`), `flowgate simulate` (feature `simulate`).
 
 mod check_config;
+pub mod export;
 #[cfg(feature = "loadgen")]
 pub mod loadgen;
 mod serve;
@@ -13,6 +14,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub use check_config::CheckConfigArgs;
+pub use export::ExportArgs;
 #[cfg(feature = "loadgen")]
 pub use loadgen::LoadgenArgs;
 pub use serve::{LogFormat, ServeArgs, ServeError};
@@ -36,6 +38,10 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Validates configuration files without starting anything (exit 0 if all are valid).
     CheckConfig(CheckConfigArgs),
+    /// Writes a domain's usage (every counter, its limit, used and remaining units, reset
+    /// time) as CSV or JSON lines, from a running service's admin API (token from
+    /// FLOWGATE_ADMIN_TOKEN).
+    Export(ExportArgs),
     /// Drives load at a rate-limit service (gRPC RLS, /json, /v1/check) and reports
     /// throughput and latency percentiles.
     #[cfg(feature = "loadgen")]
@@ -60,6 +66,7 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::CheckConfig(args) => check_config::run(&args),
+        Command::Export(args) => export::run(&args),
         #[cfg(feature = "loadgen")]
         Command::Loadgen(args) => loadgen::run(&args),
         #[cfg(feature = "simulate")]

@@ -652,11 +652,11 @@ async fn connect_redis(
     tracing::info!(redis = %what, fail = ?shared.fail, instances = shared.instances, "counting in Redis");
     let ledger = std::sync::Arc::new(store.quota_ledger());
     let leases = std::sync::Arc::new(store.leases());
-    Ok(
-        crate::backend::Backend::shared(std::sync::Arc::new(store), shared)
-            .with_quota_ledger(ledger)
-            .with_shared_leases(leases),
-    )
+    let store = std::sync::Arc::new(store);
+    Ok(crate::backend::Backend::shared(store.clone(), shared)
+        .with_quota_ledger(ledger)
+        .with_shared_leases(leases)
+        .with_lister(store))
 }
 
 #[cfg(not(feature = "redis"))]

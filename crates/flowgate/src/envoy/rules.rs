@@ -343,6 +343,39 @@ pub(crate) fn quota_suffix(quota: &Quota) -> String {
     suffix
 }
 
+/// The quota a [`quota_suffix`] was written from, if this build can rebuild it (a calendar
+/// quota needs the `calendar` feature) and it writes back to the same suffix.
+pub(crate) fn parse_quota_suffix(suffix: &str) -> Option<Quota> {
+    let mut parts = suffix.splitn(5, ':');
+    let algorithm: crate::Algorithm = parts.next()?.parse().ok()?;
+    let limit: u64 = parts.next()?.parse().ok()?;
+    let period: u64 = parts.next()?.parse().ok()?;
+    let burst: u64 = parts.next()?.parse().ok()?;
+    let quota = match parts.next() {
+        None => Quota::new(limit, Duration::from_nanos(period))
+            .and_then(|q| q.with_algorithm(algorithm))
+            .and_then(|q| q.with_burst(burst))
+            .ok()?,
+        Some(calendar) => parse_calendar(limit, calendar)?,
+    };
+    (quota_suffix(&quota) == suffix).then_some(quota)
+}
+
+/// A calendar quota of `limit` per `calendar` (`month@Europe/Berlin`).
+#[cfg(feature = "calendar")]
+fn parse_calendar(limit: u64, calendar: &str) -> Option<Quota> {
+    use crate::calendar::{Calendar, CalendarUnit};
+    let (unit, zone) = calendar.split_once('@')?;
+    let unit: CalendarUnit = unit.parse().ok()?;
+    Quota::per_calendar(limit, Calendar::new(unit, zone).ok()?).ok()
+}
+
+/// Without the `calendar` feature, no calendar quota can be rebuilt.
+#[cfg(not(feature = "calendar"))]
+fn parse_calendar(_limit: u64, _calendar: &str) -> Option<Quota> {
+    None
+}
+
 impl Rule {
     /// The quota part of this rule's counter keys.
     pub(crate) fn counter_suffix(&self) -> &str {

@@ -397,6 +397,20 @@ impl<K: Hash + Eq, V: Cell> ShardedMap<K, V> {
         table.find(hash, key).map(|i| f(&table.slots[i].cell))
     }
 
+    /// Whether the key is present.
+    pub(crate) fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.get(key, |_| ()).is_some()
+    }
+
+    /// The most keys the map holds (`max_keys` rounded up to whole shards).
+    pub(crate) fn max_keys(&self) -> usize {
+        self.keys_per_shard * self.shards.len()
+    }
+
     /// Forgets a key. Returns whether it was present.
     pub(crate) fn remove<Q>(&self, key: &Q) -> bool
     where

@@ -83,6 +83,80 @@ impl<'a> KeyWriter<'a> {
     }
 }
 
+/// A key read back into its parts ([`decode`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decoded<'a> {
+    /// The origin, unescaped: an Envoy domain, or `tag:name` for another front end.
+    pub origin: String,
+    /// Whether the origin carries a front end's tag (it held an unescaped `:`).
+    pub tagged: bool,
+    /// The fields, unescaped, in order.
+    pub fields: Vec<(String, String)>,
+    /// What follows `#`, as written (a quota), if anything.
+    pub suffix: Option<&'a str>,
+}
+
+/// Reads `key` back into the parts it was built from; `None` if it is not in the grammar (a
+/// dangling `\`, a field without `=`).
+///
+/// ```
+/// use flowgate::store::key::{decode, KeyWriter};
+/// let mut key = String::new();
+/// KeyWriter::domain(&mut key, "a:b").field("path", "/a|b=c").suffix("gcra:1:2:3");
+/// let decoded = decode(&key).unwrap();
+/// assert_eq!((decoded.origin.as_str(), decoded.tagged), ("a:b", false));
+/// assert_eq!(decoded.fields, [("path".to_owned(), "/a|b=c".to_owned())]);
+/// assert_eq!(decoded.suffix, Some("gcra:1:2:3"));
+/// ```
+pub fn decode(key: &str) -> Option<Decoded<'_>> {
+    let mut decoded = Decoded {
+        origin: String::new(),
+        tagged: false,
+        fields: Vec::new(),
+        suffix: None,
+    };
+    // 0: the origin, 1: a field's name, 2: a field's value.
+    let mut part = 0;
+    let mut name = String::new();
+    let mut text = String::new();
+    let mut chars = key.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => text.push(chars.next()?.1),
+            '|' | '#' => {
+                match part {
+                    0 => decoded.origin = std::mem::take(&mut text),
+                    2 => decoded
+                        .fields
+                        .push((std::mem::take(&mut name), std::mem::take(&mut text))),
+                    _ => return None,
+                }
+                if c == '#' {
+                    decoded.suffix = Some(&key[i + 1..]);
+                    return Some(decoded);
+                }
+                part = 1;
+            }
+            '=' if part == 1 => {
+                name = std::mem::take(&mut text);
+                part = 2;
+            }
+            ':' if part == 0 => {
+                decoded.tagged = true;
+                text.push(c);
+            }
+            c => text.push(c),
+        }
+    }
+    match part {
+        0 => decoded.origin = text,
+        2 => decoded.fields.push((name, text)),
+        _ => return None,
+    }
+    Some(decoded)
+}
+
 /// Escapes, in place, what was appended to `key` from byte `start` on, as a field's value.
 pub fn escape_from(key: &mut String, start: usize) {
     if needs_escape(&key[start..], false) {
@@ -169,6 +243,36 @@ mod tests {
             if a != b {
                 prop_assert_ne!(write(&a), write(&b));
             }
+        }
+    }
+
+    proptest! {
+        /// Every key reads back into the parts it was built from.
+        #[test]
+        fn keys_decode_into_their_parts(b in built()) {
+            let key = write(&b);
+            let decoded = decode(&key).expect("in the grammar");
+            match b {
+                Built::Domain(domain, fields, suffix) => {
+                    prop_assert_eq!(decoded.origin, domain);
+                    prop_assert!(!decoded.tagged);
+                    prop_assert_eq!(decoded.fields, fields);
+                    prop_assert_eq!(decoded.suffix, suffix.as_deref());
+                }
+                Built::Tagged(tag, name, fields) => {
+                    prop_assert_eq!(decoded.origin, format!("{tag}:{name}"));
+                    prop_assert!(decoded.tagged);
+                    prop_assert_eq!(decoded.fields, fields);
+                    prop_assert_eq!(decoded.suffix, None);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn text_outside_the_grammar_does_not_decode() {
+        for bad in ["a\\", "a|b", "a|b|c=d", "a|b=c|d#x"] {
+            assert_eq!(decode(bad), None, "{bad}");
         }
     }
 

@@ -4,7 +4,9 @@ use std::future::{Future, ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Ask, Store, StoreError};
+use super::list::{self, KeyPage, ListError, ListKeys};
+use super::names::Names;
+use super::{Ask, BoxFuture, Store, StoreError};
 use crate::algorithm::State;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::decision::Decision;
@@ -80,8 +82,16 @@ impl KeyHasher {
 
 type Map<C> = ShardedMap<Key, Tracked<C>>;
 
+std::thread_local! {
+    /// Set when [`update`] inserts a key on this thread: the names directory reads (and
+    /// clears) it after a check, so that a check on a key that exists passes nothing more to
+    /// the table than it did without the directory. A flag left set by another store on this
+    /// thread only makes a later check record a name again, which is harmless.
+    static INSERTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Applies `f` to `key`'s state in `map`, inserting the key if `f` changed a fresh state, and
-/// records when the state goes idle.
+/// records when the state goes idle (and, in [`INSERTED`], that a key was inserted).
 fn update<C: Cell, R>(
     map: &Map<C>,
     key: &Key,
@@ -109,7 +119,10 @@ fn update<C: Cell, R>(
             tracked.idle_at.store(idle, Ordering::Relaxed);
             (result, Some(tracked))
         },
-        |k: &Key| *k,
+        |k: &Key| {
+            INSERTED.set(true);
+            *k
+        },
     )
 }
 
@@ -119,12 +132,15 @@ fn update<C: Cell, R>(
 /// a key that exists allocates nothing, and memory is bounded by `max_keys` per algorithm, with
 /// idle keys dropped first. Decisions are exactly those of the Redis store for the same trace.
 /// Counter names are kept as 128-bit keyed hashes, so a counter takes the same few dozen bytes
-/// however long its name (`benches/memory_per_key.rs`).
+/// however long its name (`benches/memory_per_key.rs`); to list them
+/// ([`ListKeys`]), turn on the names directory ([`MemoryStoreBuilder::list_keys`]).
 #[derive(Debug)]
 pub struct MemoryStore<C: Clock = MonotonicClock> {
     clock: C,
     /// Counter names to table keys.
     keys: KeyHasher,
+    /// The names of the keys, when listing is on.
+    names: Option<Names>,
     /// The clock's lag, for re-checking denials on a precise reading.
     lag: Duration,
     maps: Maps,
@@ -155,6 +171,7 @@ impl std::fmt::Debug for Maps {
 pub struct MemoryStoreBuilder<C = MonotonicClock> {
     clock: C,
     max_keys: usize,
+    list_keys: bool,
 }
 
 impl MemoryStoreBuilder<MonotonicClock> {
@@ -163,6 +180,7 @@ impl MemoryStoreBuilder<MonotonicClock> {
         MemoryStoreBuilder {
             clock,
             max_keys: self.max_keys,
+            list_keys: self.list_keys,
         }
     }
 }
@@ -174,16 +192,27 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         self
     }
 
+    /// Keeps the names of counters, so that they can be listed ([`ListKeys`]; default off):
+    /// a name is recorded when its key is first inserted — a check on a key that exists does
+    /// no more than without — and the directory holds at most as many names as one
+    /// algorithm's table holds keys (see [`ListKeys`] for what a listing guarantees).
+    pub fn list_keys(mut self, on: bool) -> Self {
+        self.list_keys = on;
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore<C> {
         let shards = std::thread::available_parallelism().map_or(4, |n| n.get()) * 32;
         let n = self.max_keys;
+        let gcra = ShardedMap::new(n, shards);
         MemoryStore {
+            names: self.list_keys.then(|| Names::new(gcra.max_keys())),
             keys: KeyHasher::new(),
             lag: lag_of(&self.clock),
             clock: self.clock,
             maps: Maps {
-                gcra: ShardedMap::new(n, shards),
+                gcra,
                 leaky: ShardedMap::new(n, shards),
                 fixed: ShardedMap::new(n, shards),
                 sliding: ShardedMap::new(n, shards),
@@ -204,6 +233,7 @@ impl MemoryStore<MonotonicClock> {
         MemoryStoreBuilder {
             clock: MonotonicClock::new(),
             max_keys: DEFAULT_MAX_KEYS,
+            list_keys: false,
         }
     }
 }
@@ -253,12 +283,17 @@ impl<C: Clock> MemoryStore<C> {
             key, quota, cost, ..
         } = ask;
         quota.check_cost(cost)?;
-        let key = self.keys.key(key);
-        Ok(with_map!(self, quota, m => {
+        let name = key;
+        let key = self.keys.key(name);
+        let decision = with_map!(self, quota, m => {
             decide(&self.clock, self.lag, |now| {
                 update(m, &key, quota, now, |s| s.check(quota, cost, now))
             })
-        }))
+        });
+        if let Some(names) = &self.names {
+            names.inserted(name, quota);
+        }
+        Ok(decision)
     }
 
     /// Takes a charge ([`Ask::charge`]), at a precise reading of the clock. Apart from the
@@ -269,9 +304,13 @@ impl<C: Clock> MemoryStore<C> {
     fn charge(&self, ask: Ask<'_>) -> Decision {
         let (quota, cost, now) = (ask.quota, ask.cost, self.clock.now());
         let key = self.keys.key(ask.key);
-        with_map!(self, quota, m => {
+        let decision = with_map!(self, quota, m => {
             update(m, &key, quota, now, |s| s.charge(quota, cost, now))
-        })
+        });
+        if let Some(names) = &self.names {
+            names.inserted(ask.key, quota);
+        }
+        decision
     }
 
     /// Gives back `ask.cost` units, synchronously.
@@ -290,6 +329,86 @@ impl<C: Clock> MemoryStore<C> {
         with_map!(self, ask.quota, m => {
             m.remove(&key);
         });
+        if let Some(names) = &self.names {
+            names.forget(ask.key, index_of(ask.quota.algorithm()));
+        }
+    }
+
+    /// The algorithms among `algorithms` (a bit per [`index_of`]) whose table holds `name`.
+    fn held(&self, name: &str, algorithms: u8) -> u8 {
+        let key = self.keys.key(name);
+        let m = &self.maps;
+        let present = |i: usize| match i {
+            0 => m.gcra.contains(&key),
+            1 => m.leaky.contains(&key),
+            2 => m.fixed.contains(&key),
+            3 => m.sliding.contains(&key),
+            _ => m.log.contains(&key),
+        };
+        (0..5)
+            .filter(|&i| algorithms & (1 << i) != 0 && present(i))
+            .fold(0, |held, i| held | (1 << i))
+    }
+
+    /// Drops the names of keys that are gone (swept, evicted), and notes whether the
+    /// directory names every key again.
+    fn prune_names(&self) {
+        if let Some(names) = &self.names {
+            names.prune(list::MAX_PAGE, self.stats().keys, |name, algorithms| {
+                self.held(name, algorithms)
+            });
+        }
+    }
+
+    /// The page of names of [`ListKeys::list_keys`], synchronously.
+    fn list_page(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<KeyPage, ListError> {
+        let Some(names) = &self.names else {
+            return Err(ListError::Unsupported(
+                "the memory store keeps no names unless built with list_keys(true)",
+            ));
+        };
+        let after = match cursor {
+            None => {
+                // A listing from the start prunes a directory that had to drop names first,
+                // so that it may say it is complete again.
+                if names.missing() {
+                    self.prune_names();
+                }
+                None
+            }
+            Some(cursor) => Some(
+                list::unhex(cursor)
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .ok_or(ListError::Cursor)?,
+            ),
+        };
+        let (candidates, done) = names.page(prefix, after.as_deref(), list::clamp(limit));
+        let mut keys = Vec::with_capacity(candidates.len());
+        let mut stale = Vec::new();
+        for (name, algorithms, recorded) in &candidates {
+            let held = self.held(name, *algorithms);
+            if held != 0 {
+                keys.push(name.clone());
+            }
+            if held != *algorithms {
+                stale.push((name.clone(), algorithms & !held, *recorded));
+            }
+        }
+        names.drop_stale(&stale);
+        let next = match candidates.last() {
+            Some((last, _, _)) if !done => Some(list::hex(last.as_bytes())),
+            _ => None,
+        };
+        Ok(KeyPage {
+            keys,
+            next,
+            complete: !names.missing(),
+        })
     }
 
     /// Drops every idle key now; returns how many.
@@ -298,11 +417,15 @@ impl<C: Clock> MemoryStore<C> {
             map.sweep(now, |t| t.idle_at.load(Ordering::Relaxed))
         }
         let (m, now) = (&self.maps, self.clock.now());
-        sweep(&m.gcra, now)
+        let swept = sweep(&m.gcra, now)
             + sweep(&m.leaky, now)
             + sweep(&m.fixed, now)
             + sweep(&m.sliding, now)
-            + sweep(&m.log, now)
+            + sweep(&m.log, now);
+        if swept > 0 {
+            self.prune_names();
+        }
+        swept
     }
 
     /// Keys held and memory used, summed over algorithms.
@@ -322,6 +445,44 @@ impl<C: Clock> MemoryStore<C> {
             bytes: a.bytes + b.bytes,
             evicted_active: a.evicted_active + b.evicted_active,
         })
+    }
+}
+
+impl Names {
+    /// Records `name` (of `quota`'s algorithm) if the check just made inserted its key.
+    #[inline]
+    fn inserted(&self, name: &str, quota: &Quota) {
+        if INSERTED.replace(false) {
+            self.record(name, index_of(quota.algorithm()));
+        }
+    }
+}
+
+/// The index of `algorithm` in [`Algorithm::ALL`] (a bit in the names directory).
+fn index_of(algorithm: Algorithm) -> usize {
+    match algorithm {
+        Algorithm::Gcra => 0,
+        Algorithm::LeakyBucket => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::SlidingWindow => 3,
+        Algorithm::SlidingLog => 4,
+    }
+}
+
+/// Lists the names of the counters, with the names directory on
+/// ([`MemoryStoreBuilder::list_keys`]); [`ListError::Unsupported`] otherwise. Names come in
+/// order, each once; the cursor is the last name returned (hex-encoded); a name whose key
+/// was swept or evicted is dropped from the directory when a page meets it. A page does at
+/// most `limit` lookups — but the first page of a directory that had to drop names first
+/// prunes the whole directory (bounded by `max_keys`), so that `complete` can be true again.
+impl<C: Clock> ListKeys for MemoryStore<C> {
+    fn list_keys<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<KeyPage, ListError>> {
+        Box::pin(ready(self.list_page(prefix, cursor, limit)))
     }
 }
 

@@ -8,7 +8,9 @@
 pub mod fallback;
 pub mod hybrid;
 pub mod key;
+pub mod list;
 mod memory;
+mod names;
 #[cfg(feature = "redis")]
 pub mod redis;
 

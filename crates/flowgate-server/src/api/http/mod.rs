@@ -8,6 +8,8 @@
 //! | `GET /readyz` | a configuration is loaded and the server is not draining (503 otherwise); the store's health is a field (with Redis, Redis itself is asked), and counts only with `--ready-requires-store` |
 //! | `GET /metrics` | Prometheus / OpenMetrics text |
 //! | `GET /v1/config` | the active rules and configuration version |
+//! | `GET`/`DELETE /v1/keys/{domain}/{descriptor}` | one counter, shown or reset (admin token) |
+//! | `GET /v1/keys/{domain}?prefix=…` | the domain's counters with their usage, paginated (admin token) |
 //!
 //! Malformed bodies, and bodies beyond the service's [`InputLimits`] (descriptors, entries,
 //! key and value lengths), get 400 with an RFC 9457 `application/problem+json` body; a body
@@ -90,6 +92,8 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/config", get(config::config))
+        // `GET /v1/keys/{domain}` (a domain alone) lists its counters: `inspect` hands it to
+        // `admin::usage::list` (one catch-all route: the router cannot hold both).
         .route(
             "/v1/keys/{*descriptor}",
             get(admin::inspect).delete(admin::reset),

@@ -211,6 +211,24 @@ impl Connection {
         self.send(cmd).await.map_err(convert)
     }
 
+    /// Sends one command to the master serving `slot` (on a single server: to it).
+    pub(super) async fn command_at(&self, cmd: Cmd, slot: u16) -> Result<Value, StoreError> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let reply = match self {
+            Connection::Single(c) => c.clone().req_packed_command(&cmd).await,
+            Connection::Cluster(c) => {
+                let route = Route::new(slot, SlotAddr::Master);
+                c.clone()
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+            }
+        };
+        reply.and_then(Value::extract_error).map_err(convert)
+    }
+
     /// Deletes `keys` (all in one slot).
     pub(super) async fn del(&self, keys: &[String]) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("DEL");

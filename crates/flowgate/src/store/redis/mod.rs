@@ -55,6 +55,7 @@ mod batch;
 mod conn;
 mod lease;
 mod ledger;
+mod list;
 mod script;
 
 use std::future::Future;
@@ -65,6 +66,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use lease::RedisLeases;
 pub use ledger::RedisLedger;
+pub use list::MAX_SCANS;
 pub use script::{UnsupportedQuota, check_quota};
 
 use self::batch::Job;

@@ -1,5 +1,6 @@
 //! Admin endpoints: `GET /v1/keys/{domain}/{key}={value}/…` shows one counter,
-//! `DELETE` on the same path resets it. A rule with several limits (`rate_limits`) has one
+//! `DELETE` on the same path resets it, and `GET /v1/keys/{domain}?prefix=…` lists the
+//! domain's counters with their usage, a page at a time ([`usage`]). A rule with several limits (`rate_limits`) has one
 //! counter per limit: the first is shown at the top level, as for any rule, and every one in
 //! `limits`; `DELETE` resets them all.
 //!
@@ -15,6 +16,7 @@
 //! budget of lines, see [`token`]).
 
 mod token;
+pub(crate) mod usage;
 
 use std::sync::Arc;
 
@@ -195,6 +197,14 @@ pub(crate) async fn inspect(
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
+    // A domain alone (`/v1/keys/{domain}`): the listing of its counters.
+    if uri
+        .path()
+        .strip_prefix(PREFIX)
+        .is_some_and(|rest| !rest.contains('/'))
+    {
+        return usage::list(State(service), peer, method, uri, headers).await;
+    }
     keys(&service, peer, method, &uri, &headers).await
 }
 
@@ -324,7 +334,7 @@ fn counter_view(counter: CounterState<'_>) -> CounterView {
 
 /// The refusal of a request that does not carry the admin token (logged, with the address of
 /// `client`); `None` when it does.
-fn refusal(
+pub(super) fn refusal(
     service: &Service,
     headers: &HeaderMap,
     method: &Method,
