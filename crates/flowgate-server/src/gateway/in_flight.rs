@@ -9,7 +9,7 @@
 //!   within [`RELEASE_TIMEOUT`]), so it holds none once the client sees the refusal. The
 //!   other order would need refunds to rate counters, which are best effort and impossible
 //!   for charges (`charge: true`); a release is exact.
-//! * **Holding.** An admitted request's leases are held by a task of their own ([`keep`]),
+//! * **Holding.** An admitted request's leases are held by a task of their own (`keep`),
 //!   which renews them every half lease time (so a response that streams longer than
 //!   `lease_time` stays counted) and releases them when the request's [`Lease`] is dropped:
 //!   when the response body ends or fails, when the client goes away (hyper drops the body),
