@@ -63,6 +63,17 @@ impl Algorithm {
         Algorithm::SlidingLog,
     ];
 
+    /// The algorithm's position in [`Algorithm::ALL`], for tables indexed by algorithm.
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Algorithm::Gcra => 0,
+            Algorithm::LeakyBucket => 1,
+            Algorithm::FixedWindow => 2,
+            Algorithm::SlidingWindow => 3,
+            Algorithm::SlidingLog => 4,
+        }
+    }
+
     /// The algorithm's name as written in configuration files, e.g. `"sliding_window"`.
     pub const fn name(self) -> &'static str {
         match self {

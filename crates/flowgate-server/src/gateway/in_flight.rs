@@ -21,10 +21,11 @@
 //!   `violated-policies`). The store away: the limit's `fail` — `closed` answers `503`
 //!   (`Flowgate-Fallback: closed`), `open` lets the request through without that lease.
 //! * **Keys.** An item's key is its entries' values (the sources of `descriptors`, read by the
-//!   same code), joined by `|` (each value's `\` and `|` escaped when there are several);
-//!   the leases are stored under [`flowgate::lease::key`], so `/v1/leases/{name}/{key}`
-//!   counts the gateway's leases too. A request lacking an entry's value (no such header)
-//!   holds no lease of that item, as a descriptor lacking one is skipped.
+//!   same code), joined by `|` (when there are several, each escaped as a counter key's
+//!   value is: `\`, `|`, `=`, `#`); the leases are stored under [`flowgate::lease::key`],
+//!   so `/v1/leases/{name}/{key}` counts the gateway's leases too. A request lacking an
+//!   entry's value (no such header) holds no lease of that item, as a descriptor lacking one
+//!   is skipped.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -202,8 +203,9 @@ pub(crate) async fn acquire(
     Ok(held)
 }
 
-/// The value keying an item's leases: its entries' values joined by `|` (each escaped when
-/// there are several); `None` when the request lacks one.
+/// The value keying an item's leases: its entries' values joined by `|` (each escaped as the
+/// counter-key grammar escapes a value when there are several); `None` when the request lacks
+/// one.
 fn key_of(
     config: &GatewayConfig,
     entries: &[EntryConfig],
@@ -220,12 +222,9 @@ fn key_of(
         if i > 0 {
             out.push('|');
         }
-        for c in value.chars() {
-            if c == '|' || c == '\\' {
-                out.push('\\');
-            }
-            out.push(c);
-        }
+        let start = out.len();
+        out.push_str(&value);
+        flowgate::store::key::escape_from(&mut out, start);
     }
     Ok(Some(out))
 }

@@ -330,11 +330,11 @@ impl<C: Clock> MemoryStore<C> {
             m.remove(&key);
         });
         if let Some(names) = &self.names {
-            names.forget(ask.key, index_of(ask.quota.algorithm()));
+            names.forget(ask.key, ask.quota.algorithm().index());
         }
     }
 
-    /// The algorithms among `algorithms` (a bit per [`index_of`]) whose table holds `name`.
+    /// The algorithms among `algorithms` (a bit per [`Algorithm::index`]) whose table holds `name`.
     fn held(&self, name: &str, algorithms: u8) -> u8 {
         let key = self.keys.key(name);
         let m = &self.maps;
@@ -453,19 +453,8 @@ impl Names {
     #[inline]
     fn inserted(&self, name: &str, quota: &Quota) {
         if INSERTED.replace(false) {
-            self.record(name, index_of(quota.algorithm()));
+            self.record(name, quota.algorithm().index());
         }
-    }
-}
-
-/// The index of `algorithm` in [`Algorithm::ALL`] (a bit in the names directory).
-fn index_of(algorithm: Algorithm) -> usize {
-    match algorithm {
-        Algorithm::Gcra => 0,
-        Algorithm::LeakyBucket => 1,
-        Algorithm::FixedWindow => 2,
-        Algorithm::SlidingWindow => 3,
-        Algorithm::SlidingLog => 4,
     }
 }
 

@@ -48,17 +48,7 @@ pub(super) fn script(algorithm: Algorithm) -> &'static Script {
             build(include_str!("sliding_log.lua")),
         ]
     });
-    &scripts[index(algorithm)]
-}
-
-fn index(algorithm: Algorithm) -> usize {
-    match algorithm {
-        Algorithm::Gcra => 0,
-        Algorithm::LeakyBucket => 1,
-        Algorithm::FixedWindow => 2,
-        Algorithm::SlidingWindow => 3,
-        Algorithm::SlidingLog => 4,
-    }
+    &scripts[algorithm.index()]
 }
 
 /// Integers each request's reply holds, status included.
