@@ -176,11 +176,6 @@ pub fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static str)> {
 /// the client made up.
 pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earlier: bool) {
     let ip = client.to_canonical();
-    // Each value is built in a buffer of its exact size, which the header value then takes
-    // over: one allocation each.
-    let mut xff = String::with_capacity(text_len(ip));
-    push_ip(&mut xff, ip);
-
     let host = headers
         .get(HOST)
         .and_then(|h| h.to_str().ok())
@@ -188,37 +183,47 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earli
     let escapes = host.map_or(0, |h| {
         h.bytes().filter(|b| matches!(b, b'"' | b'\\')).count()
     });
+    // Both values are written into one buffer of their exact total size (over 15 bytes, so
+    // `push_ip` writes without growing it), which both header values then share: one
+    // allocation for the text and one for the count the two share (two buffers, one grown by
+    // `push_ip` and one not full, cost four). Each value is still validated as it is made.
+    let ip_len = text_len(ip);
     let for_len = match ip {
-        IpAddr::V4(_) => xff.len(),
-        IpAddr::V6(_) => xff.len() + 4,
+        IpAddr::V4(_) => ip_len,
+        IpAddr::V6(_) => ip_len + 4,
     };
     let host_len = host.map_or(0, |h| ";host=\"\"".len() + h.len() + escapes);
-    let mut element =
-        String::with_capacity("for=".len() + for_len + host_len + ";proto=http".len());
-    element.push_str("for=");
+    let mut text =
+        String::with_capacity(ip_len + "for=".len() + for_len + host_len + ";proto=http".len());
+    push_ip(&mut text, ip);
+    let xff_len = text.len();
+    text.push_str("for=");
     match ip {
-        IpAddr::V4(_) => element.push_str(&xff),
+        IpAddr::V4(_) => text.extend_from_within(..xff_len),
         IpAddr::V6(_) => {
-            element.push_str("\"[");
-            element.push_str(&xff);
-            element.push_str("]\"");
+            text.push_str("\"[");
+            text.extend_from_within(..xff_len);
+            text.push_str("]\"");
         }
     }
     if let Some(host) = host {
-        element.push_str(";host=\"");
+        text.push_str(";host=\"");
         if escapes > 0 {
             for c in host.chars() {
                 if c == '"' || c == '\\' {
-                    element.push('\\');
+                    text.push('\\');
                 }
-                element.push(c);
+                text.push(c);
             }
         } else {
-            element.push_str(host);
+            text.push_str(host);
         }
-        element.push('"');
+        text.push('"');
     }
-    element.push_str(";proto=http");
+    text.push_str(";proto=http");
+    let text = Bytes::from(text);
+    let xff = text.slice(..xff_len);
+    let element = text.slice(xff_len..);
 
     if keep_earlier {
         append_list(headers, &X_FORWARDED_FOR, xff);
@@ -231,7 +236,7 @@ pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earli
     if let http::header::Entry::Vacant(via) = headers.entry(VIA) {
         via.insert(HeaderValue::from_static(VIA_FLOWGATE));
     } else {
-        append_list(headers, &VIA, VIA_FLOWGATE.to_owned());
+        append_list(headers, &VIA, Bytes::from_static(VIA_FLOWGATE.as_bytes()));
     }
 }
 
@@ -252,16 +257,16 @@ fn text_len(ip: IpAddr) -> usize {
 /// This hop in `Via`.
 const VIA_FLOWGATE: &str = "1.1 flowgate";
 
-/// Sets `name` to `value` alone (earlier lines removed). The value takes the string's buffer.
-fn set(headers: &mut HeaderMap, name: &HeaderName, value: String) {
-    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+/// Sets `name` to `value` alone (earlier lines removed). The value takes the bytes as they are.
+fn set(headers: &mut HeaderMap, name: &HeaderName, value: Bytes) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(value) {
         headers.insert(name.clone(), value);
     }
 }
 
 /// Appends `item` to the comma-separated list in `name`, folding earlier lines into one
 /// (some upstreams read only the first line).
-fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: String) {
+fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: Bytes) {
     if !headers.contains_key(name) {
         return set(headers, name, item);
     }
@@ -275,8 +280,9 @@ fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: String) {
             }
         }
     }
-    joined.push_str(&item);
-    set(headers, name, joined);
+    let mut joined = joined.into_bytes();
+    joined.extend_from_slice(&item);
+    set(headers, name, Bytes::from(joined));
 }
 
 #[cfg(test)]

@@ -55,6 +55,7 @@ pub mod ws;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,7 +86,11 @@ pub use usage::UsageBody;
 /// The response body: the upstream's, streamed (given up when it stalls for
 /// `body_idle_timeout`; its usage read on the way, with `usage_json`; holding the request's
 /// in-flight leases until it ends, with `in_flight`), or one the gateway wrote.
-pub type Body = Either<LeasedBody<UsageBody<IdleBody<UpstreamBody>>>, Full<Bytes>>;
+///
+/// The upstream's is boxed: it holds the upstream connection (a few hundred bytes), and the
+/// response is moved a dozen times on its way out through hyper's dispatcher — copies every
+/// response paid, a refused one too, when the body was inline (callgrind, BENCHMARKS.md).
+pub type Body = Either<Pin<Box<LeasedBody<UsageBody<IdleBody<UpstreamBody>>>>>, Full<Bytes>>;
 
 /// The gateway's state, shared by every connection.
 pub struct Gateway {
@@ -393,7 +398,7 @@ impl Gateway {
             metrics.response_body_timeouts.clone(),
         );
         let body = LeasedBody::new(UsageBody::new(body, scan), head.lease);
-        Response::from_parts(parts, Either::Left(body))
+        Response::from_parts(parts, Either::Left(Box::pin(body)))
     }
 
     /// The answer to a request the in-flight limits do not admit.

@@ -75,7 +75,7 @@ impl Problem {
         out.extend_from_slice(b",\"title\":");
         push_json_string(&mut out, &self.title);
         out.extend_from_slice(b",\"type\":");
-        push_json_string(&mut out, self.type_uri);
+        push_type_uri(&mut out, self.type_uri);
         if !self.violated_policies.is_empty() {
             out.extend_from_slice(b",\"violated-policies\":[");
             for (i, name) in self.violated_policies.iter().enumerate() {
@@ -149,6 +149,19 @@ fn quota_exceeded_detail(violated_policies: &[String], retry_after_secs: Option<
     detail
 }
 
+/// Appends a problem type URI as a JSON string: ours (which need no escaping) as they are —
+/// comparing them costs less than looking at each byte, and every refusal writes one —, any
+/// other escaped as every string is.
+fn push_type_uri(out: &mut Vec<u8>, type_uri: &str) {
+    if type_uri == QUOTA_EXCEEDED || type_uri == "about:blank" {
+        out.push(b'"');
+        out.extend_from_slice(type_uri.as_bytes());
+        out.push(b'"');
+    } else {
+        push_json_string(out, type_uri);
+    }
+}
+
 /// Appends `text` as a JSON string (quoted and escaped).
 fn push_json_string(out: &mut Vec<u8>, text: &str) {
     if text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
@@ -207,16 +220,21 @@ mod tests {
             title in "\\PC{0,20}",
             status in 400u16..600,
             policies in proptest::collection::vec("[a-z\"\\\\/-]{1,8}", 0..3),
+            type_uri in proptest::sample::select(vec![
+                QUOTA_EXCEEDED,
+                "about:blank",
+                "https://example.com/\"odd\"\\type",
+            ]),
         ) {
             let problem = Problem {
                 status: StatusCode::from_u16(status).unwrap(),
-                type_uri: QUOTA_EXCEEDED,
+                type_uri,
                 title: title.clone(),
                 detail: detail.clone(),
                 violated_policies: policies.clone(),
             };
             let mut expected = serde_json::json!({
-                "type": QUOTA_EXCEEDED,
+                "type": type_uri,
                 "title": title,
                 "status": status,
                 "detail": detail,
