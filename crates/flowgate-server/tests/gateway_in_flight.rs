@@ -10,12 +10,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowgate::lease::{Acquired, LeaseId, Leases, Terms};
-use flowgate::store::{BoxFuture, StoreError};
 use flowgate_server::backend::{Backend, SharedOptions};
 use flowgate_server::config::{Policy, Source};
 use flowgate_server::server::ServerConfig;
 use flowgate_testing::STEP;
+use flowgate_testing::leases::AwayLeases;
 use flowgate_testing::redis::RedisServer;
 use flowgate_testing::server::{TestServer, wait_metric};
 use flowgate_testing::upstream::{Answer, client, send};
@@ -370,36 +369,6 @@ async fn a_response_streaming_past_the_lease_time_keeps_its_lease() {
     wait_held(&server, "gina", 0).await;
 }
 
-/// Leases whose store is away.
-struct DownLeases;
-
-impl Leases for DownLeases {
-    fn acquire<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a Terms,
-    ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("down".into())) })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        _: &'a str,
-        _: LeaseId,
-        _: &'a Terms,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("down".into())) })
-    }
-
-    fn release<'a>(&'a self, _: &'a str, _: LeaseId) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("down".into())) })
-    }
-
-    fn held<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("down".into())) })
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_away_refuses_with_503_when_closed_and_admits_when_open() {
     let upstream = Holding::start().await;
@@ -417,7 +386,7 @@ concurrency:
   - {name: strict, limit: 5, fail: closed}
   - {name: lenient, limit: 5, fail: open}
 "#;
-    let backend = Backend::default().with_shared_leases(Arc::new(DownLeases));
+    let backend = Backend::default().with_shared_leases(Arc::new(AwayLeases));
     let server = serve(yaml, &upstream.url(), Some(backend)).await;
     // With an API key, the `strict` limit applies and fails closed.
     let closed = get(&server, "/plain", "erin").await;

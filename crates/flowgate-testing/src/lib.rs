@@ -4,6 +4,7 @@
 //! | module | what | feature |
 //! |---|---|---|
 //! | [`conformance`] | the conformance table (`crates/flowgate/tests/conformance/table.toml`) and its runner | — |
+//! | [`leases`] | a lease store that is away (every call `Unavailable`) | — |
 //! | [`net`] | a port held closed; candidate ports for child processes that bind their own | — |
 //! | [`proxy`] | a TCP proxy on loopback that adds latency or holds traffic (fault tests) | — |
 //! | `redis` | real `redis-server` processes and Redis Clusters | `redis` |
@@ -36,6 +37,7 @@ pub mod fuzzing;
 pub mod grpc;
 #[cfg(feature = "server")]
 pub mod http;
+pub mod leases;
 pub mod net;
 #[cfg(feature = "pki")]
 pub mod pki;

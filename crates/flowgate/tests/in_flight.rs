@@ -15,8 +15,8 @@ use bytes::Bytes;
 use flowgate::FailMode;
 use flowgate::http::InFlightLayer;
 use flowgate::http::key::Header;
-use flowgate::lease::{Acquired, LeaseId, Leases, MemoryLeases, Terms};
-use flowgate::store::{BoxFuture, StoreError};
+use flowgate::lease::{Leases, MemoryLeases, Terms};
+use flowgate_testing::leases::AwayLeases;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
@@ -157,33 +157,6 @@ async fn a_streaming_response_holds_its_slot_until_its_body_ends() {
     assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
 }
 
-/// Leases whose store is away.
-struct Away;
-
-impl Leases for Away {
-    fn acquire<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a Terms,
-    ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("connection refused".into())) })
-    }
-    fn renew<'a>(
-        &'a self,
-        _: &'a str,
-        _: LeaseId,
-        _: &'a Terms,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("connection refused".into())) })
-    }
-    fn release<'a>(&'a self, _: &'a str, _: LeaseId) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("connection refused".into())) })
-    }
-    fn held<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async { Err(StoreError::Unavailable("connection refused".into())) })
-    }
-}
-
 #[tokio::test]
 async fn a_store_away_fails_closed_by_default_or_open_when_asked() {
     let terms = Terms::new(1, Duration::from_secs(1)).unwrap();
@@ -193,10 +166,10 @@ async fn a_store_away_fails_closed_by_default_or_open_when_asked() {
         )))
     });
     let key = || Header::new(http::HeaderName::from_static("x-api-key"));
-    let closed = InFlightLayer::new("n", Away, key(), terms).layer(inner);
+    let closed = InFlightLayer::new("n", AwayLeases, key(), terms).layer(inner);
     let answer = closed.oneshot(request(Some("ann"))).await.unwrap();
     assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let open = InFlightLayer::new("n", Away, key(), terms)
+    let open = InFlightLayer::new("n", AwayLeases, key(), terms)
         .fail(FailMode::Open)
         .layer(inner);
     let answer = open.oneshot(request(Some("ann"))).await.unwrap();
