@@ -75,7 +75,7 @@ impl Problem {
         out.extend_from_slice(b",\"title\":");
         push_json_string(&mut out, &self.title);
         out.extend_from_slice(b",\"type\":");
-        push_type_uri(&mut out, self.type_uri);
+        push_json_string(&mut out, self.type_uri);
         if !self.violated_policies.is_empty() {
             out.extend_from_slice(b",\"violated-policies\":[");
             for (i, name) in self.violated_policies.iter().enumerate() {
@@ -149,22 +149,14 @@ fn quota_exceeded_detail(violated_policies: &[String], retry_after_secs: Option<
     detail
 }
 
-/// Appends a problem type URI as a JSON string: ours (which need no escaping) as they are —
-/// comparing them costs less than looking at each byte, and every refusal writes one —, any
-/// other escaped as every string is.
-fn push_type_uri(out: &mut Vec<u8>, type_uri: &str) {
-    if type_uri == QUOTA_EXCEEDED || type_uri == "about:blank" {
-        out.push(b'"');
-        out.extend_from_slice(type_uri.as_bytes());
-        out.push(b'"');
-    } else {
-        push_json_string(out, type_uri);
-    }
-}
-
 /// Appends `text` as a JSON string (quoted and escaped).
 fn push_json_string(out: &mut Vec<u8>, text: &str) {
-    if text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    // Every byte is looked at (no early exit), which lets the compiler compare many at once:
+    // the strings are short and nearly always plain, and this runs on every refusal.
+    let needs_escaping = text
+        .bytes()
+        .fold(false, |found, b| found | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    if needs_escaping {
         // Serializing a `str` into a `Vec` cannot fail.
         let _ = serde_json::to_writer(&mut *out, text);
     } else {
