@@ -153,9 +153,9 @@ fn quota_exceeded_detail(violated_policies: &[String], retry_after_secs: Option<
 fn push_json_string(out: &mut Vec<u8>, text: &str) {
     // Every byte is looked at (no early exit), which lets the compiler compare many at once:
     // the strings are short and nearly always plain, and this runs on every refusal.
-    let needs_escaping = text
-        .bytes()
-        .fold(false, |found, b| found | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    let needs_escaping = text.bytes().fold(false, |found, b| {
+        found | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
     if needs_escaping {
         // Serializing a `str` into a `Vec` cannot fail.
         let _ = serde_json::to_writer(&mut *out, text);
