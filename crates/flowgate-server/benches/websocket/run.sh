@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# The WebSocket gateway against a direct connection to the same upstream echo server, on
-# loopback: messages per second (closed loop: each connection sends and waits for its echo),
-# added p50/p99 latency below saturation (a fixed total rate), at 100 and 1,000 connections;
-# then the gateway's memory per idle proxied connection at 10,000 connections (RSS delta).
+# The WebSocket gateway against a direct connection to the same upstream echo server and
+# against nginx proxying WebSocket to it, on loopback: messages per second (closed loop: each
+# connection sends and waits for its echo), added p50/p99 latency below saturation (a fixed
+# total rate), at 100 and 1,000 connections; then the gateway's memory per idle proxied
+# connection at 10,000 connections (RSS delta).
 #
 #   crates/flowgate-server/benches/websocket/run.sh [SECONDS_PER_RUN]
+#
+# ROUNDS=N (default 1) repeats the saturated runs, alternating direct, gateway and nginx in
+# each round, and prints medians and ratios at the end.
+#
+# nginx (apt-get install -y nginx; NGINX=path picks another binary) is the proxy a user would
+# put in the gateway's place: one worker process, `proxy_pass` with the Upgrade and Connection
+# fields, no rate limit (nginx has none for WebSocket messages) — it relays bytes, it parses no
+# frame. Without nginx its arm is skipped, loudly.
 #
 # With CALLGRIND=1, also the instructions per round trip of the echo server alone and of the
 # gateway alone (valgrind's callgrind; figures the machine's load does not move);
 # CALLGRIND_ONLY=1 runs only that.
 #
 # The gateway judges every message (messages and bytes per connection, the size limit), all
-# allowing. Ports 19801-19804 on 127.0.0.1. Note the machine's load (printed before and
+# allowing. Ports 19801-19805 on 127.0.0.1. Note the machine's load (printed before and
 # after): on a shared 2-core machine wall-clock figures move by ±30 %.
 #
-# PIN=1 gives the gateway a core of its own, as it has in a deployment: the gateway runs on
-# core GATEWAY_CPU (default 0), the echo server and the load client on PEERS_CPU (default 1)
-# in both the direct and the gateway runs, so the upstream and the client have the same CPU
-# either way and the ratio says whether the gateway keeps up with them.
+# PIN=1 gives the proxy a core of its own, as it has in a deployment: the gateway (and nginx)
+# run on core GATEWAY_CPU (default 0), the echo server and the load client on PEERS_CPU
+# (default 1) in every run, so the upstream and the client have the same CPU either way and
+# the ratio says whether the proxy keeps up with them. Each saturated line then also gives
+# how the proxy's core spent its time (user, system, softirq; from /proc/stat): a relay's
+# two reads and two writes per round trip cost the kernel the same whoever proxies.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 SECS=${1:-5}
@@ -25,7 +36,9 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 # NO_BUILD=1 uses the binaries already built.
 [ "${NO_BUILD:-0}" = 1 ] || cargo build --release -p flowgate-server --bin flowgate --example ws_bench >&2
 BIN=$CARGO_TARGET_DIR/release
-ECHO=19801 GW=19802 HTTP=19803 GRPC=19804
+ECHO=19801 GW=19802 HTTP=19803 GRPC=19804 NGX=19805
+ROUNDS=${ROUNDS:-1}
+NGINX=${NGINX:-$(command -v nginx || true)}
 # 10,000 idle connections take 20,000 descriptors in the gateway.
 ulimit -Hn 65536 2>/dev/null || true
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -71,23 +84,77 @@ echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 THREADS=1 "${PEER_PIN[@]}" "$BIN/examples/ws_bench" echo "127.0.0.1:$ECHO" & PIDS+=($!)
 RUST_LOG=warn "${GW_PIN[@]}" "$BIN/flowgate" serve --config "$TMP/bench.yaml" --http "127.0.0.1:$HTTP" \
     --grpc "127.0.0.1:$GRPC" --websocket "127.0.0.1:$GW" & GWPID=$!; PIDS+=($GWPID)
+TARGETS=(direct gateway)
+if [ -n "$NGINX" ] && [ -x "$NGINX" ]; then
+    cat > "$TMP/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+master_process off;
+pid $TMP/nginx.pid;
+error_log $TMP/nginx-error.log warn;
+events { worker_connections 20000; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:$NGX;
+    location / {
+      proxy_pass http://127.0.0.1:$ECHO;
+      proxy_http_version 1.1;
+      proxy_set_header Upgrade \$http_upgrade;
+      proxy_set_header Connection "upgrade";
+      proxy_read_timeout 600s;
+    }
+  }
+}
+CONF
+    "${GW_PIN[@]}" "$NGINX" -c "$TMP/nginx.conf" -e "$TMP/nginx-error.log" & PIDS+=($!)
+    TARGETS+=(nginx)
+else
+    echo "# SKIPPED: nginx not found (apt-get install -y nginx, or NGINX=path): no nginx arm"
+fi
 wait_port $ECHO; wait_port $GW
+[ "${TARGETS[2]:-}" = nginx ] && wait_port $NGX
+port_of() { case $1 in direct) echo $ECHO ;; gateway) echo $GW ;; nginx) echo $NGX ;; esac; }
+# user, system, softirq and idle ticks of the proxy's core
+cpu_ticks() { awk -v cpu="cpu${GATEWAY_CPU:-0}" '$1 == cpu {print $2+$3, $4, $7+$8, $5+$6}' /proc/stat; }
 
 if [ "${CALLGRIND_ONLY:-0}" != 1 ]; then
 for conns in 100 1000; do
-    for target in direct gateway; do
-        port=$ECHO; [ $target = gateway ] && port=$GW
-        out=$("${PEER_PIN[@]}" "$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64)
-        echo "saturated conns=$conns $target $out"
+    for round in $(seq "$ROUNDS"); do
+        for target in "${TARGETS[@]}"; do
+            before=$(cpu_ticks)
+            out=$("${PEER_PIN[@]}" "$BIN/examples/ws_bench" load "ws://127.0.0.1:$(port_of $target)/" $conns "$SECS" 64)
+            split=""
+            if [ "${PIN:-0}" = 1 ] && [ $target != direct ]; then
+                split=$(echo "$before $(cpu_ticks)" | awk '{u=$5-$1; s=$6-$2; q=$7-$3; i=$8-$4; t=u+s+q+i;
+                    printf " proxy_core: user=%.0f%% system=%.0f%% softirq=%.0f%% idle=%.0f%%", 100*u/t, 100*s/t, 100*q/t, 100*i/t}')
+            fi
+            echo "saturated conns=$conns $target round=$round $out$split" | tee -a "$TMP/saturated"
+        done
     done
     # Below saturation: a fixed total rate both ways.
     rate=5000
-    for target in direct gateway; do
-        port=$ECHO; [ $target = gateway ] && port=$GW
-        out=$("${PEER_PIN[@]}" "$BIN/examples/ws_bench" load "ws://127.0.0.1:$port/" $conns "$SECS" 64 $rate)
+    for target in "${TARGETS[@]}"; do
+        out=$("${PEER_PIN[@]}" "$BIN/examples/ws_bench" load "ws://127.0.0.1:$(port_of $target)/" $conns "$SECS" 64 $rate)
         echo "paced rate=$rate/s conns=$conns $target $out"
     done
 done
+# Medians of the saturated rounds, and the ratios a reader compares.
+awk '{ split($2, c, "="); conns=c[2]; target=$3;
+       for (i = 4; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "rate") r=kv[2]; if (kv[1] == "p99_us") p=kv[2] }
+       sub("/s", "", r); key=conns " " target; n[key]++; rate[key, n[key]]=r; p99[key, n[key]]=p }
+     function median(arr, key, k,   i, j, t, v) {
+       for (i = 1; i <= k; i++) v[i]=arr[key, i]
+       for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (v[j] + 0 < v[i] + 0) { t=v[i]; v[i]=v[j]; v[j]=t }
+       return (k % 2) ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2 }
+     END { for (key in n) { m[key]=median(rate, key, n[key]); q[key]=median(p99, key, n[key]) }
+       for (conns = 100; conns <= 1000; conns *= 10) {
+         d=conns " direct"; g=conns " gateway"; x=conns " nginx"
+         line=sprintf("median conns=%d: direct %d msg/s (p99 %d us), gateway %d (p99 %d us)", conns, m[d], q[d], m[g], q[g])
+         if (x in m) line=line sprintf(", nginx %d (p99 %d us); gateway/direct %.2fx, gateway/nginx %.2fx, nginx/direct %.2fx",
+                                      m[x], q[x], m[g]/m[d], m[g]/m[x], m[x]/m[d])
+         else line=line sprintf("; gateway/direct %.2fx", m[g]/m[d])
+         print line } }' "$TMP/saturated"
 
 # Memory: a fresh gateway, so that nothing earlier runs left in its allocator counts.
 kill $GWPID; wait $GWPID 2>/dev/null || true

@@ -93,9 +93,31 @@ fn init_logging(format: serve::LogFormat) {
     }
 }
 
-/// A multi-threaded tokio runtime, or the reason there is none.
-fn runtime() -> Result<tokio::runtime::Runtime, std::io::Error> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+/// The tokio runtime `serve` runs on, with its scheduler's name for the log; or the reason
+/// there is none.
+///
+/// With more than one CPU to run on, or `TOKIO_WORKER_THREADS` set, tokio's multi-thread
+/// scheduler (one worker per CPU, or as many as the variable says). With one CPU (a container
+/// limited to one, `taskset -c 0`: what `std::thread::available_parallelism` reports), its
+/// current-thread scheduler: there one worker would have no one to share work with, and the
+/// multi-thread scheduler keeps at most 256 ready tasks in that worker's own queue and puts the
+/// rest in a global queue it looks at only every few dozen polls — so under overload the
+/// connections whose tasks land there wait several times longer than the others. Measured:
+/// 1,000 WebSocket connections relayed by one core, p99 174–185 ms with the multi-thread
+/// scheduler against 73–93 ms with the current-thread one (its run queue is one FIFO), at the
+/// same or a higher rate (BENCHMARKS.md, "The WebSocket gateway beside nginx").
+fn runtime() -> Result<(tokio::runtime::Runtime, &'static str), std::io::Error> {
+    let one_cpu = std::env::var_os("TOKIO_WORKER_THREADS").is_none()
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+    if one_cpu {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok((runtime, "current-thread"))
+    } else {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        Ok((runtime, "multi-thread"))
+    }
 }

@@ -471,7 +471,7 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
                 .unwrap_or_else(|| websocket::DEFAULT_LISTEN.into()),
         ),
     };
-    let runtime = super::runtime().map_err(ServeError::Runtime)?;
+    let (runtime, scheduler) = super::runtime().map_err(ServeError::Runtime)?;
     runtime.block_on(async move {
         if !args.redis.is_empty() {
             let redis = RedisArgs {
@@ -526,6 +526,7 @@ pub(super) fn run(args: ServeArgs) -> Result<(), ServeError> {
             store = config.backend.kind(),
             dashboard = config.dashboard,
             admin = config.admin_token.is_some(),
+            scheduler,
             "flowgate serving"
         );
         let listeners = Listeners {
