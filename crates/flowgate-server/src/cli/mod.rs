@@ -104,8 +104,8 @@ fn init_logging(format: serve::LogFormat) {
 /// rest in a global queue it looks at only every few dozen polls — so under overload the
 /// connections whose tasks land there wait several times longer than the others. Measured:
 /// 1,000 WebSocket connections relayed by one core, p99 174–185 ms with the multi-thread
-/// scheduler against 73–93 ms with the current-thread one (its run queue is one FIFO), at the
-/// same or a higher rate (BENCHMARKS.md, "The WebSocket gateway beside nginx").
+/// scheduler against 73–116 ms with the current-thread one (its run queue is one FIFO), at the
+/// same rate within the noise (BENCHMARKS.md, "The WebSocket gateway beside nginx").
 fn runtime() -> Result<(tokio::runtime::Runtime, &'static str), std::io::Error> {
     let one_cpu = std::env::var_os("TOKIO_WORKER_THREADS").is_none()
         && std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
