@@ -10,14 +10,18 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use http_body_util::Full;
+use hyper::Request;
+use hyper::body::Bytes;
+
 use flowgate_testing::binary::Serving;
-use flowgate_testing::upstream::{Upstream, raw};
-use flowgate_testing::ws::{EchoUpstream, Got, next, open, send};
+use flowgate_testing::upstream::{Upstream, client, send};
+use flowgate_testing::ws::{self as websocket, EchoUpstream, Got};
 
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
-/// `taskset`, or `None` after saying loudly that the test is skipped.
-fn taskset() -> Option<&'static str> {
+/// Whether `taskset` is on `PATH`; when not, says loudly that the test is skipped.
+fn taskset_found() -> bool {
     let found = Command::new("taskset")
         .arg("--version")
         .stdout(Stdio::null())
@@ -25,7 +29,7 @@ fn taskset() -> Option<&'static str> {
         .status()
         .is_ok_and(|s| s.success());
     if found {
-        return Some("taskset");
+        return true;
     }
     if std::env::var("FLOWGATE_REQUIRE_TASKSET").as_deref() == Ok("1") {
         panic!("taskset is not on PATH but FLOWGATE_REQUIRE_TASKSET=1");
@@ -33,7 +37,7 @@ fn taskset() -> Option<&'static str> {
     eprintln!(
         "\n!!!!!!!! SKIPPED a one-CPU test: taskset is not on PATH (install util-linux; set FLOWGATE_REQUIRE_TASKSET=1 to make this an error) !!!!!!!!\n"
     );
-    None
+    false
 }
 
 /// A CPU this process may run on (the first of its affinity mask).
@@ -62,17 +66,16 @@ fn config(dir: &tempfile::TempDir, echo: &EchoUpstream) -> String {
 }
 
 /// `flowgate serve` with `config`, the gateway in front of `upstream`, every listener on a
-/// port the system chooses; `prefix` runs it (`taskset -c N`) or nothing.
-fn serve(prefix: &[&str], config: &str, upstream: &Upstream) -> Serving {
-    let (program, before) = match prefix.split_first() {
-        Some((program, rest)) => (*program, rest),
-        None => (FLOWGATE, &[][..]),
+/// port the system chooses; on CPU `cpu` alone (through `taskset`) when given.
+fn serve(cpu: Option<&str>, config: &str, upstream: &Upstream) -> Serving {
+    let mut command = match cpu {
+        Some(cpu) => {
+            let mut taskset = Command::new("taskset");
+            taskset.args(["-c", cpu, FLOWGATE]);
+            taskset
+        }
+        None => Command::new(FLOWGATE),
     };
-    let mut command = Command::new(program);
-    command.args(before);
-    if !prefix.is_empty() {
-        command.arg(FLOWGATE);
-    }
     command
         .args(["serve", "--config", config])
         .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
@@ -93,13 +96,15 @@ fn serving_line(log: &str) -> &str {
 
 #[tokio::test]
 async fn on_one_cpu_serve_runs_the_current_thread_scheduler_and_every_front_end_works() {
-    let Some(taskset) = taskset() else { return };
+    if !taskset_found() {
+        return;
+    }
     let echo = EchoUpstream::start().await;
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = config(&dir, &echo);
     let cpu = one_cpu();
-    let mut serving = serve(&[taskset, "-c", &cpu], &config, &upstream);
+    let mut serving = serve(Some(&cpu), &config, &upstream);
     let log = serving.log();
     assert!(
         serving_line(&log).contains("current-thread"),
@@ -108,35 +113,35 @@ async fn on_one_cpu_serve_runs_the_current_thread_scheduler_and_every_front_end_
 
     // The HTTP API decides: two allowed, the third over the limit.
     let check = r#"{"domain":"one","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
-    let request = format!(
-        "POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{check}",
-        check.len()
-    );
     let mut allowed = Vec::new();
     for _ in 0..3 {
-        let answer = raw(serving.http, &request).await;
-        let body = &answer[answer.find("\r\n\r\n").expect("a whole answer") + 4..];
-        let json: serde_json::Value = serde_json::from_str(body).unwrap();
-        allowed.push(json["allowed"].as_bool().expect("`allowed` in the answer"));
+        let request = Request::post(format!("http://{}/v1/check", serving.http))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(check.as_bytes())))
+            .unwrap();
+        let answer = send(&client(), request).await;
+        allowed.push(
+            answer.json()["allowed"]
+                .as_bool()
+                .expect("`allowed` in the answer"),
+        );
     }
     assert_eq!(allowed, [true, true, false]);
 
     // The gateway proxies to the upstream.
     let gateway = serving.gateway.expect("a gateway");
-    let answer = raw(
-        gateway,
-        "GET /through HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    )
-    .await;
-    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let request = Request::get(format!("http://{gateway}/through"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(&client(), request).await.status, 201);
     assert_eq!(upstream.seen().len(), 1);
     assert_eq!(upstream.seen()[0].uri, "/through");
 
     // The WebSocket gateway relays both ways.
-    let mut ws = open(serving.websocket.expect("a WebSocket gateway"), "/", &[]).await;
+    let mut ws = websocket::open(serving.websocket.expect("a WebSocket gateway"), "/", &[]).await;
     for text in ["one", "two"] {
-        send(&mut ws, text).await;
-        assert_eq!(next(&mut ws).await, Got::Text(text.to_owned()));
+        websocket::send(&mut ws, text).await;
+        assert_eq!(websocket::next(&mut ws).await, Got::Text(text.to_owned()));
     }
     drop(ws);
 
@@ -160,7 +165,7 @@ async fn with_more_than_one_cpu_serve_runs_the_multi_thread_scheduler() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = config(&dir, &echo);
-    let serving = serve(&[], &config, &upstream);
+    let serving = serve(None, &config, &upstream);
     let log = serving.log();
     assert!(
         serving_line(&log).contains("multi-thread"),

@@ -8,7 +8,7 @@
 #   crates/flowgate-server/benches/websocket/run.sh [SECONDS_PER_RUN]
 #
 # ROUNDS=N (default 1) repeats the saturated runs, alternating direct, gateway and nginx in
-# each round, and prints medians and ratios at the end.
+# each round, and prints medians and ratios at the end (python3).
 #
 # nginx (apt-get install -y nginx; NGINX=path picks another binary) is the proxy a user would
 # put in the gateway's place: one worker process, `proxy_pass` with the Upgrade and Connection
@@ -140,21 +140,27 @@ for conns in 100 1000; do
     done
 done
 # Medians of the saturated rounds, and the ratios a reader compares.
-awk '{ split($2, c, "="); conns=c[2]; target=$3;
-       for (i = 4; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "rate") r=kv[2]; if (kv[1] == "p99_us") p=kv[2] }
-       sub("/s", "", r); key=conns " " target; n[key]++; rate[key, n[key]]=r; p99[key, n[key]]=p }
-     function median(arr, key, k,   i, j, t, v) {
-       for (i = 1; i <= k; i++) v[i]=arr[key, i]
-       for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (v[j] + 0 < v[i] + 0) { t=v[i]; v[i]=v[j]; v[j]=t }
-       return (k % 2) ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2 }
-     END { for (key in n) { m[key]=median(rate, key, n[key]); q[key]=median(p99, key, n[key]) }
-       for (conns = 100; conns <= 1000; conns *= 10) {
-         d=conns " direct"; g=conns " gateway"; x=conns " nginx"
-         line=sprintf("median conns=%d: direct %d msg/s (p99 %d us), gateway %d (p99 %d us)", conns, m[d], q[d], m[g], q[g])
-         if (x in m) line=line sprintf(", nginx %d (p99 %d us); gateway/direct %.2fx, gateway/nginx %.2fx, nginx/direct %.2fx",
-                                      m[x], q[x], m[g]/m[d], m[g]/m[x], m[x]/m[d])
-         else line=line sprintf("; gateway/direct %.2fx", m[g]/m[d])
-         print line } }' "$TMP/saturated"
+python3 - "$TMP/saturated" <<'PY'
+import re, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    conns, target = re.search(r"conns=(\d+) (\w+)", line).groups()
+    rate = float(re.search(r"rate=([\d.]+)/s", line).group(1))
+    p99 = int(re.search(r"p99_us=(\d+)", line).group(1))
+    runs.setdefault((int(conns), target), []).append((rate, p99))
+for conns in sorted({c for c, _ in runs}):
+    m = {t: [statistics.median(col) for col in zip(*runs[(c, t)])] for c, t in runs if c == conns}
+    line = (f"median conns={conns}: direct {m['direct'][0]:.0f} msg/s (p99 {m['direct'][1]:.0f} us), "
+            f"gateway {m['gateway'][0]:.0f} (p99 {m['gateway'][1]:.0f} us)")
+    if "nginx" in m:
+        line += (f", nginx {m['nginx'][0]:.0f} (p99 {m['nginx'][1]:.0f} us); "
+                 f"gateway/direct {m['gateway'][0] / m['direct'][0]:.2f}x, "
+                 f"gateway/nginx {m['gateway'][0] / m['nginx'][0]:.2f}x, "
+                 f"nginx/direct {m['nginx'][0] / m['direct'][0]:.2f}x")
+    else:
+        line += f"; gateway/direct {m['gateway'][0] / m['direct'][0]:.2f}x"
+    print(line)
+PY
 
 # Memory: a fresh gateway, so that nothing earlier runs left in its allocator counts.
 kill $GWPID; wait $GWPID 2>/dev/null || true
