@@ -44,6 +44,7 @@ BASELINE=${BASELINE:-}
 
 ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/flowgate-gateway-bench.XXXXXX)}
+mkdir -p "$OUT"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 if [ -z "${FLOWGATE:-}" ]; then
   FLOWGATE=$CARGO_TARGET_DIR/release/flowgate
