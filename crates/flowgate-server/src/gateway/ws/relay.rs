@@ -172,10 +172,12 @@ pub(super) struct Relay {
     client: Socket,
     /// The upstream's socket.
     upstream: Socket,
-    /// Client → upstream limits.
-    session: Session,
+    /// Client → upstream limits. Boxed, as `outbound`: a session is about a kilobyte, and the
+    /// futures that hand it on (the connection's task, this relay's) would each keep room
+    /// for it inline for the connection's whole life.
+    session: Box<Session>,
     /// Upstream → client limits, if any.
-    outbound: Option<Session>,
+    outbound: Option<Box<Session>>,
     /// `[to client, to upstream]`.
     queues: [Queue; 2],
     /// What each socket is polled with, by [`Side`].
@@ -188,8 +190,8 @@ impl Relay {
         runtime: &Runtime,
         client: Upgraded,
         upstream: Upgraded,
-        session: Session,
-        outbound: Option<Session>,
+        session: Box<Session>,
+        outbound: Option<Box<Session>>,
     ) -> Relay {
         let config = &runtime.config;
         let protocol = |max: usize| {
@@ -441,7 +443,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                 };
                 let session = match side {
                     Side::Client => &relay.session,
-                    Side::Upstream => relay.outbound.as_ref().unwrap_or(&relay.session),
+                    Side::Upstream => relay.outbound.as_deref().unwrap_or(&relay.session),
                 };
                 session.closed_by_transport(code);
                 let f = frame(code, reason);
@@ -489,7 +491,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                 // idle connection should not carry its space (see `docs/service.md`, memory).
                 Box::pin(relay.session.check(store, &judged)).await
             }
-            (Some(payload), Side::Upstream) => match relay.outbound.as_mut() {
+            (Some(payload), Side::Upstream) => match relay.outbound.as_deref_mut() {
                 None => Action::Forward,
                 Some(outbound) => {
                     Box::pin(outbound.check(store, &MessageInfo::new(payload.len()))).await

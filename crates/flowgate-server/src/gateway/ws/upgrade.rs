@@ -112,7 +112,7 @@ pub(super) async fn handle(
         Err(rejection) => return problem(rejection.status, rejection.detail),
     };
     let session = match runtime.limiter.admit(client.clone()) {
-        Ok(session) => session,
+        Ok(session) => Box::new(session),
         Err(refusal) => {
             let answer = refusal.answer(super::CONNECT_LIMIT_NAME, &runtime.connect_item);
             return match answer.render(false) {
@@ -126,7 +126,7 @@ pub(super) async fn handle(
         None => None,
         // The outbound limits have no upgrade layers (validated), so this admits.
         Some(limiter) => match limiter.admit(client) {
-            Ok(session) => Some(session),
+            Ok(session) => Some(Box::new(session)),
             Err(_) => {
                 return problem(
                     StatusCode::TOO_MANY_REQUESTS,
