@@ -15,9 +15,9 @@
 # fields, no rate limit (nginx has none for WebSocket messages) — it relays bytes, it parses no
 # frame. Without nginx its arm is skipped, loudly.
 #
-# With CALLGRIND=1, also the instructions per round trip of the echo server alone and of the
-# gateway alone (valgrind's callgrind; figures the machine's load does not move);
-# CALLGRIND_ONLY=1 runs only that.
+# With CALLGRIND=1, also the instructions per round trip of the echo server alone, of the
+# gateway alone and of nginx alone (valgrind's callgrind; figures the machine's load does not
+# move); CALLGRIND_ONLY=1 runs only that.
 #
 # The gateway judges every message (messages and bytes per connection, the size limit), all
 # allowing. Ports 19801-19805 on 127.0.0.1. Note the machine's load (printed before and
@@ -211,5 +211,10 @@ if [ "${CALLGRIND:-0}" = 1 ] || [ "${CALLGRIND_ONLY:-0}" = 1 ]; then
     wait_port $ECHO
     measure gateway $GW "$BIN/flowgate" serve --config "$TMP/bench.yaml" --http "127.0.0.1:$HTTP" \
         --grpc "127.0.0.1:$GRPC" --websocket "127.0.0.1:$GW"
+    # nginx relaying the same load (one process: `master_process off`), for the user-space
+    # budget the peer a user would pick lives in.
+    if [ "${TARGETS[2]:-}" = nginx ]; then
+        measure nginx $NGX "$NGINX" -c "$TMP/nginx.conf" -e "$TMP/nginx-error.log"
+    fi
 fi
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
