@@ -324,8 +324,8 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
             let [to_client, to_upstream] = queues;
             // Each socket is polled with its side's waker (reads and writes: the WebSocket
             // library wakes both for either), which wakes this task and marks the side.
-            for side in wakers.iter() {
-                side.wake.task.register(cx.waker());
+            for waker in wakers.iter() {
+                waker.wake.task.register(cx.waker());
             }
             let mut contexts = [
                 Context::from_waker(&wakers[Side::Client as usize].waker),
