@@ -34,7 +34,8 @@
 //!   upstream's silence: `504` (generic problem bodies: the upstream's address and the error
 //!   are logged, never sent); the client's body stalled: `408`, malformed or cut short: `400`.
 //!
-//! The gateway speaks HTTP/1.1 to clients and to the upstream (pooled keep-alive connections).
+//! The gateway speaks HTTP/1.1 to clients (hyper's server) and to the upstream (pooled
+//! keep-alive connections, HTTP/1.1 written and read by `h1.rs` on `httparse`).
 //! Upgrades are not proxied here (`Upgrade` is hop-by-hop and removed): WebSocket connections
 //! go to the WebSocket gateway ([`ws`]), on its own listener.
 
@@ -43,6 +44,7 @@
 pub mod descriptors;
 #[doc(hidden)]
 pub mod forward;
+mod h1;
 mod idle;
 pub mod in_flight;
 #[doc(hidden)]
@@ -427,23 +429,21 @@ impl Gateway {
     /// counted against it.
     fn failed(&self, error: pool::SendError) -> Response<Body> {
         let (outcome, status, detail) = match &error {
-            pool::SendError::Http(e) => match client_body_error(e) {
-                Some(IdleError::Idle(_)) => (
-                    GatewayOutcome::Rejected,
-                    StatusCode::REQUEST_TIMEOUT,
-                    "the request body stalled",
-                ),
-                Some(IdleError::Body(_)) => (
-                    GatewayOutcome::Rejected,
-                    StatusCode::BAD_REQUEST,
-                    "the request body is malformed or was cut short",
-                ),
-                None => (
-                    GatewayOutcome::BadGateway,
-                    StatusCode::BAD_GATEWAY,
-                    "the upstream failed to answer",
-                ),
-            },
+            pool::SendError::Body(IdleError::Idle(_)) => (
+                GatewayOutcome::Rejected,
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body stalled",
+            ),
+            pool::SendError::Body(IdleError::Body(_)) => (
+                GatewayOutcome::Rejected,
+                StatusCode::BAD_REQUEST,
+                "the request body is malformed or was cut short",
+            ),
+            pool::SendError::Upstream(_) => (
+                GatewayOutcome::BadGateway,
+                StatusCode::BAD_GATEWAY,
+                "the upstream failed to answer",
+            ),
             pool::SendError::Busy(_) => (
                 GatewayOutcome::Unavailable,
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -512,18 +512,6 @@ struct Timeouts {
     response_head: Duration,
     /// Silence allowed in either body (`body_idle_timeout`).
     body_idle: Duration,
-}
-
-/// The client's body error behind a failed upstream exchange, if that is what failed it.
-fn client_body_error(error: &hyper::Error) -> Option<&IdleError<hyper::Error>> {
-    let mut source = std::error::Error::source(error);
-    while let Some(e) = source {
-        if let Some(idle) = e.downcast_ref::<IdleError<hyper::Error>>() {
-            return Some(idle);
-        }
-        source = e.source();
-    }
-    None
 }
 
 /// Serves `gateway` on `acceptor` until `shutdown` completes; then stops accepting and waits

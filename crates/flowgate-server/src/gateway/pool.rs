@@ -1,14 +1,15 @@
 //! Keep-alive HTTP/1.1 connections to the upstream, shared by every client connection and
 //! driven by the task that is using them.
 //!
-//! A pooled connection is the pair hyper's `client::conn::http1` hands out: the
-//! [`SendRequest`] half and the [`Connection`] future that does the reading and writing.
-//! Usually that future runs as a task of its own, so each request crosses tasks three times
-//! (request in, response head out, body out). Here the task forwarding a request polls its
-//! upstream connection itself — while it waits for the response head, then from the
-//! response body ([`UpstreamBody`]) until the body ends — so the upstream socket wakes the
-//! task that needs the bytes. When the body has ended and the connection can take another
-//! request, it goes back to the pool (last in, first out); a connection that cannot is closed.
+//! A connection is a socket with a read buffer and a write buffer, both kept for the
+//! connection's life; the exchange is HTTP/1.1 as [`h1`] writes and reads it. The task
+//! forwarding a request writes the request head and body and reads the response head itself,
+//! and the response body ([`UpstreamBody`]) reads its bytes from the socket as the client's
+//! side asks for them, so the upstream socket wakes the task that needs the bytes and nothing
+//! crosses tasks. When the body has ended and the connection can take another request (the
+//! response was framed by a length or chunks, neither side asked to close, no stray bytes
+//! followed it, the whole request was sent), it goes back to the pool (last in, first out);
+//! a connection that cannot is closed.
 //!
 //! An idle connection is nobody's task: a sweeper looks at the idle ones every
 //! [`SWEEP_EVERY`], closing those the upstream has closed and those idle longer than
@@ -20,27 +21,27 @@
 //! answers 503) — a burst no longer opens one connection per request.
 
 use std::collections::VecDeque;
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::HOST;
 use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::Upstream;
-use super::idle::IdleBody;
+use super::h1::{self, Decoder, MessageError, RequestFraming};
+use super::idle::{IdleBody, IdleError};
 use crate::metrics::UpstreamMetrics;
 use crate::tls::MaybeTls;
 
@@ -56,6 +57,11 @@ const MAX_STALE: usize = 3;
 
 /// What a request sends: the client's body, given up when it stalls.
 pub(crate) type RequestBody = IdleBody<Incoming>;
+
+/// The read buffer's usual size: room for a response head and a small body in one read.
+const READ_BUFFER: usize = 8 * 1024;
+/// Below this much free room, the read buffer is grown (or reclaimed) before reading.
+const MIN_READ_ROOM: usize = 1024;
 
 /// The bounds of a pool.
 #[derive(Debug, Clone, Copy)]
@@ -77,9 +83,18 @@ pub(crate) enum SendError {
     /// No connection to the upstream could be opened within the connect timeout.
     #[error("cannot connect: {0}")]
     Connect(io::Error),
-    /// The connection failed, or the upstream's answer was not HTTP.
+    /// The client's request body failed (stalled, malformed or cut short) while it was sent.
+    #[error("the request body failed: {0}")]
+    Body(IdleError<hyper::Error>),
+    /// The connection failed, or the upstream's answer was not HTTP/1.1 as RFC 9112 frames it.
     #[error("{0}")]
-    Http(#[from] hyper::Error),
+    Upstream(io::Error),
+}
+
+impl From<MessageError> for SendError {
+    fn from(error: MessageError) -> Self {
+        SendError::Upstream(io::Error::new(io::ErrorKind::InvalidData, error))
+    }
 }
 
 /// Connections to one upstream.
@@ -123,18 +138,17 @@ impl std::fmt::Debug for TlsTo {
     }
 }
 
-/// What reads and writes one connection.
-type Driver = Connection<TokioIo<UpstreamStream>, RequestBody>;
-
 /// A connection to the upstream, TLS for an `https://` one.
 type UpstreamStream = MaybeTls<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// One connection to the upstream.
 struct Conn {
-    /// Where requests are handed in.
-    sender: SendRequest<RequestBody>,
-    /// The reading and writing; `None` once it has ended.
-    driver: Option<Pin<Box<Driver>>>,
+    /// The socket.
+    stream: UpstreamStream,
+    /// What has been read and not yet taken (response bodies are slices of it).
+    read: BytesMut,
+    /// The request head and body bytes being written (kept for the next request's).
+    write: Vec<u8>,
     /// When it last went idle.
     idle_since: Instant,
     /// Its place under the cap, given back when it closes.
@@ -152,56 +166,154 @@ impl Drop for Conn {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
-            .field("open", &self.driver.is_some())
+            .field("buffered", &self.read.len())
             .field("idle_since", &self.idle_since)
             .finish()
     }
 }
 
 impl Conn {
-    /// Lets the connection read and write what it can; `false` once it has ended.
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        if let Some(driver) = &mut self.driver
-            && let Poll::Ready(ended) = driver.as_mut().poll(cx)
-        {
-            if let Err(e) = ended {
-                tracing::debug!("upstream connection ended: {e}");
-            }
-            self.driver = None;
+    /// Reads what the socket has into the read buffer (growing it, or reclaiming it once
+    /// every earlier slice has been dropped, when little room is left): the bytes read, `0`
+    /// at the connection's end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < MIN_READ_ROOM {
+            self.read.reserve(READ_BUFFER);
         }
-        self.driver.is_some()
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)
     }
 
-    /// Polls `step`, something only this connection's driver advances (the answer to a
-    /// request, the response body), driving the connection first.
-    ///
-    /// The driver is polled with the task's waker only when `step` is still pending: hyper's
-    /// channels wake whoever last registered, and a waker left in them while the answer is
-    /// already here would only poll the task again for nothing — once or twice per request.
-    /// Every `Pending` returned comes after a drive with `cx`, so the task is woken when the
-    /// connection can go on.
-    fn poll_with<T>(
+    /// Whether an idle connection can take a request: nothing has arrived on it, not even its
+    /// end (looked at without a waker to register).
+    fn reusable(&mut self) -> bool {
+        self.read.is_empty() && self.poll_fill(&mut quiet()).is_pending()
+    }
+
+    /// Writes the request `parts` (the head now, then `body` as it comes, framed) while
+    /// watching for the response head, which it returns — the connection marked as not to be
+    /// reused when the upstream answered before the whole request was sent.
+    fn poll_exchange(
         &mut self,
         cx: &mut Context<'_>,
-        mut step: impl FnMut(&mut Context<'_>) -> Poll<T>,
-    ) -> Poll<T> {
-        if !self.drive(&mut quiet()) {
-            // Ended: whatever it owed has been settled (as an error if need be).
-            return step(cx);
+        sending: &mut Sending,
+    ) -> Poll<Result<h1::ResponseHead, Failure>> {
+        if let Err(failure) = self.poll_send(cx, sending) {
+            return Poll::Ready(Err(failure));
         }
-        if let Poll::Ready(done) = step(&mut quiet()) {
-            return Poll::Ready(done);
+        loop {
+            match h1::parse_response(&mut self.read, &sending.method) {
+                Err(e) => return Poll::Ready(Err(Failure::Upstream(e.into()))),
+                Ok(Some(mut head)) => {
+                    if sending.body.is_some() || !self.write.is_empty() {
+                        head.keep_alive = false;
+                    }
+                    return Poll::Ready(Ok(head));
+                }
+                Ok(None) => {}
+            }
+            match self.poll_fill(cx) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(Failure::Upstream(SendError::Upstream(
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the upstream closed the connection without answering",
+                        ),
+                    ))));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Err(Failure::Upstream(SendError::Upstream(e))));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
         }
-        if !self.drive(cx) {
-            return step(cx);
-        }
-        step(&mut quiet())
     }
 
-    /// Whether it can take a request now, after driving it once without a waker to register.
-    fn reusable(&mut self) -> bool {
-        self.drive(&mut quiet()) && self.sender.is_ready()
+    /// Writes what can be written now: the buffered bytes, then the body's frames as they come.
+    fn poll_send(&mut self, cx: &mut Context<'_>, sending: &mut Sending) -> Result<(), Failure> {
+        loop {
+            while sending.written < self.write.len() {
+                match Pin::new(&mut self.stream).poll_write(cx, &self.write[sending.written..]) {
+                    Poll::Ready(Ok(0)) => {
+                        return Err(sending.failed(io::ErrorKind::WriteZero.into()));
+                    }
+                    Poll::Ready(Ok(n)) => {
+                        sending.written += n;
+                        sending.started = true;
+                    }
+                    Poll::Ready(Err(e)) => return Err(sending.failed(e)),
+                    Poll::Pending => return Ok(()),
+                }
+            }
+            self.write.clear();
+            sending.written = 0;
+            let Some(body) = &mut sending.body else {
+                return self.poll_flush(cx, sending);
+            };
+            match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers are not forwarded (`Trailer` is hop-by-hop and was removed).
+                    if let Ok(data) = frame.into_data() {
+                        match sending.framing {
+                            RequestFraming::Chunked => h1::write_chunk(&data, &mut self.write),
+                            _ => self.write.extend_from_slice(&data),
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Err(Failure::Body(e)),
+                Poll::Ready(None) => {
+                    if sending.framing == RequestFraming::Chunked {
+                        self.write.extend_from_slice(h1::LAST_CHUNK);
+                    }
+                    sending.body = None;
+                }
+                Poll::Pending => return self.poll_flush(cx, sending),
+            }
+        }
     }
+
+    /// Flushes what the stream holds (TLS records; nothing for TCP).
+    fn poll_flush(&mut self, cx: &mut Context<'_>, sending: &mut Sending) -> Result<(), Failure> {
+        match Pin::new(&mut self.stream).poll_flush(cx) {
+            Poll::Ready(Err(e)) => Err(sending.failed(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A request on its way up.
+struct Sending {
+    /// Its method (a response to `HEAD` has no body).
+    method: http::Method,
+    /// How its body is framed.
+    framing: RequestFraming,
+    /// Its body, until it has ended.
+    body: Option<RequestBody>,
+    /// How much of the write buffer is written.
+    written: usize,
+    /// Whether any byte has been written.
+    started: bool,
+}
+
+impl Sending {
+    /// The failure a write error is: the request comes back when none of it was written.
+    fn failed(&mut self, error: io::Error) -> Failure {
+        if self.started {
+            Failure::Upstream(SendError::Upstream(error))
+        } else {
+            Failure::Unsent(error)
+        }
+    }
+}
+
+/// How an exchange failed.
+enum Failure {
+    /// Before a byte of the request was written (the connection had closed).
+    Unsent(io::Error),
+    /// The client's body failed.
+    Body(IdleError<hyper::Error>),
+    /// The upstream failed.
+    Upstream(SendError),
 }
 
 /// A context whose wake-ups go nowhere: for polling what only the caller's own next poll can
@@ -276,7 +388,7 @@ impl Pool {
             {
                 match self.exchange(conn, request).await {
                     Exchanged::Answered(response) => return Ok(response),
-                    Exchanged::Failed(e) => return Err(e.into()),
+                    Exchanged::Failed(e) => return Err(e),
                     Exchanged::Unsent(back) => {
                         request = back;
                         stale += 1;
@@ -309,7 +421,7 @@ impl Pool {
         let conn = self.connect(slot).await?;
         match self.exchange(conn, request).await {
             Exchanged::Answered(response) => Ok(response),
-            Exchanged::Failed(e) => Err(e.into()),
+            Exchanged::Failed(e) => Err(e),
             Exchanged::Unsent(_) => Err(SendError::Connect(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 "the new connection closed before the request could be sent",
@@ -317,39 +429,44 @@ impl Pool {
         }
     }
 
-    /// Sends `request` on `conn`, driving it until the response head is in.
+    /// Sends `request` on `conn` and reads the response head.
     async fn exchange(&self, mut conn: Conn, request: Request<RequestBody>) -> Exchanged {
-        let answer = conn.sender.try_send_request(request);
-        let mut answer = std::pin::pin!(answer);
-        let mut sent = false;
-        let answered = poll_fn(|cx| {
-            if !std::mem::replace(&mut sent, true) {
-                // The request has just been handed in: nothing can be answered before the
-                // driver has written it, so drive with the task's waker at once (one drive
-                // instead of `poll_with`'s two).
-                return match conn.drive(cx) {
-                    true => answer.as_mut().poll(&mut quiet()),
-                    false => answer.as_mut().poll(cx),
-                };
-            }
-            conn.poll_with(cx, |cx| answer.as_mut().poll(cx))
-        })
-        .await;
-        match answered {
-            Ok(response) => Exchanged::Answered(response.map(|body| UpstreamBody {
-                body,
-                conn: Some(conn),
-                pool: self.shared.clone(),
-            })),
-            Err(mut e) => match e.take_message() {
-                Some(request) => Exchanged::Unsent(request),
-                None => Exchanged::Failed(e.into_error()),
+        let (parts, body) = request.into_parts();
+        conn.write.clear();
+        let has_body = !body.is_end_stream();
+        let framing = h1::write_request_head(&parts, has_body, &mut conn.write);
+        let mut sending = Sending {
+            method: parts.method.clone(),
+            framing,
+            // Kept when empty too (polling it ends at once): an unsent request is given back.
+            body: Some(body),
+            written: 0,
+            started: false,
+        };
+        match poll_fn(|cx| conn.poll_exchange(cx, &mut sending)).await {
+            Ok(head) => Exchanged::Answered(Response::from_parts(
+                head.parts,
+                UpstreamBody {
+                    decoder: Decoder::new(head.framing),
+                    keep_alive: head.keep_alive,
+                    conn: Some(conn),
+                    pool: self.shared.clone(),
+                },
+            )),
+            // Nothing was written, so the body was never polled and is whole.
+            Err(Failure::Unsent(e)) => match sending.body {
+                Some(body) => {
+                    tracing::debug!("pooled upstream connection closed before the request: {e}");
+                    Exchanged::Unsent(Request::from_parts(parts, body))
+                }
+                None => Exchanged::Failed(SendError::Upstream(e)),
             },
+            Err(Failure::Body(e)) => Exchanged::Failed(SendError::Body(e)),
+            Err(Failure::Upstream(e)) => Exchanged::Failed(e),
         }
     }
 
-    /// Opens a connection in `slot`: TCP with `TCP_NODELAY`, TLS for an `https://` upstream,
-    /// then the HTTP/1.1 handshake.
+    /// Opens a connection in `slot`: TCP with `TCP_NODELAY`, TLS for an `https://` upstream.
     async fn connect(&self, slot: OwnedSemaphorePermit) -> Result<Conn, SendError> {
         let connect_timeout = self.shared.limits.connect_timeout;
         let connecting = TcpStream::connect(self.shared.address.as_str());
@@ -381,13 +498,11 @@ impl Pool {
             }
         };
         self.shared.metrics.connects.inc();
-        let (sender, driver) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await?;
         self.shared.metrics.open.inc();
         Ok(Conn {
-            sender,
-            driver: Some(Box::pin(driver)),
+            stream,
+            read: BytesMut::new(),
+            write: Vec::new(),
             idle_since: Instant::now(),
             _slot: slot,
             open: self.shared.metrics.open.clone(),
@@ -402,7 +517,7 @@ enum Exchanged {
     /// The connection was closed before the request was written; here it is back.
     Unsent(Request<RequestBody>),
     /// The exchange failed after the request was (perhaps partly) written.
-    Failed(hyper::Error),
+    Failed(SendError),
 }
 
 impl Shared {
@@ -429,13 +544,9 @@ impl Shared {
         }
     }
 
-    /// Returns a connection whose response has ended, unless it has ended too. It is not
-    /// driven here: [`Shared::checkout`] does that (and closes it if it turns out unable to
-    /// take a request, say because its request body was still being sent).
+    /// Returns a connection whose response has ended and which may take another request
+    /// ([`Shared::checkout`] looks again whether the upstream has closed it meanwhile).
     fn checkin(&self, mut conn: Conn) {
-        if conn.driver.is_none() || conn.sender.is_closed() {
-            return;
-        }
         conn.idle_since = Instant::now();
         let mut idle = self.idle();
         if idle.len() >= MAX_IDLE {
@@ -485,12 +596,14 @@ async fn sweep(shared: Weak<Shared>) {
     }
 }
 
-/// A response body from the upstream. Polling it also drives the connection it comes on;
-/// once it has ended the connection returns to the pool.
+/// A response body from the upstream, read from its connection as it is polled; once it has
+/// ended the connection returns to the pool, if it may take another request.
 pub struct UpstreamBody {
-    /// The body as hyper reads it.
-    body: Incoming,
-    /// The connection, until it is returned.
+    /// Where the body's framing is.
+    decoder: Decoder,
+    /// Whether the connection may be reused once the body has ended.
+    keep_alive: bool,
+    /// The connection, until the body ends.
     conn: Option<Conn>,
     /// Where it returns to.
     pool: Arc<Shared>,
@@ -499,50 +612,82 @@ pub struct UpstreamBody {
 impl std::fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamBody")
-            .field("body", &self.body)
+            .field("decoder", &self.decoder)
             .finish_non_exhaustive()
     }
 }
 
 impl UpstreamBody {
-    /// Hands the connection back once the body has ended.
+    /// Lets the connection go once the body has ended: back to the pool when it may take
+    /// another request and nothing followed the response on it, else closed.
     fn release(&mut self) {
-        if let Some(conn) = self.conn.take() {
+        if let Some(conn) = self.conn.take()
+            && self.keep_alive
+            && conn.read.is_empty()
+        {
             self.pool.checkin(conn);
         }
+    }
+
+    /// Closes the connection after a failed body: it is somewhere in a response.
+    fn fail(&mut self, error: io::Error) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        self.conn = None;
+        Poll::Ready(Some(Err(error)))
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = io::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = &mut *self;
-        let body = &mut this.body;
-        let frame = match &mut this.conn {
-            Some(conn) => conn.poll_with(cx, |cx| Pin::new(&mut *body).poll_frame(cx)),
-            None => Pin::new(body).poll_frame(cx),
-        };
-        match &frame {
-            Poll::Ready(None) => this.release(),
-            Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.release(),
-            // A failed body leaves the connection unusable: close it now.
-            Poll::Ready(Some(Err(_))) => this.conn = None,
-            _ => {}
+        loop {
+            let Some(conn) = &mut this.conn else {
+                return Poll::Ready(None);
+            };
+            match this.decoder.decode(&mut conn.read) {
+                Ok(Some(data)) => {
+                    if this.decoder.is_done() {
+                        this.release();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(None) if this.decoder.is_done() => {
+                    this.release();
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+                Err(e) => return this.fail(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+            match conn.poll_fill(cx) {
+                Poll::Ready(Ok(0)) => {
+                    // Read to the connection's end (or cut short): not reusable either way.
+                    this.conn = None;
+                    return match this.decoder.closed() {
+                        Ok(()) => Poll::Ready(None),
+                        Err(e) => this.fail(io::Error::new(io::ErrorKind::UnexpectedEof, e)),
+                    };
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return this.fail(e),
+                Poll::Pending => return Poll::Pending,
+            }
         }
-        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
     }
 }
 
@@ -551,7 +696,7 @@ impl Drop for UpstreamBody {
     /// returns its connection; one dropped part-way closes it (it is in the middle of a
     /// response).
     fn drop(&mut self) {
-        if self.body.is_end_stream() {
+        if self.decoder.is_done() {
             self.release();
         }
     }
