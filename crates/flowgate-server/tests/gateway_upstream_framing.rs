@@ -14,10 +14,12 @@
 //!   close-delimited bodies are not reused);
 //! * the same when the response trickles in a byte at a time;
 //! * a response whose framing is invalid (conflicting or malformed `Content-Length`,
-//!   `Transfer-Encoding` in HTTP/1.0, a malformed or oversized head) is a 502 problem and its
-//!   connection is never reused — where RFC 9112 also allows a lenient reading (whitespace
-//!   before a colon, obs-fold, bare LF), that reading and nothing else; one with both
-//!   `Transfer-Encoding` and `Content-Length` is read as chunked and forwarded coherently;
+//!   `Transfer-Encoding` in HTTP/1.0 or with a coding besides `chunked`, an unsolicited `101`,
+//!   a malformed head or one over 64 KiB) is a 502 problem and its connection is never
+//!   reused — where RFC 9112 also allows a lenient reading (whitespace before a colon,
+//!   obs-fold, bare LF), that reading and nothing else; agreeing lengths (`5, 5`) are passed on
+//!   as one; one with both `Transfer-Encoding` and `Content-Length` is read as chunked,
+//!   forwarded coherently, and its connection closed after it;
 //! * bytes after a complete response never answer the next request (no response splitting);
 //! * a body cut short, or chunked framing gone wrong mid-body, reaches the client as an error
 //!   (no response, a 502, or a body whose framing never completes), never as a whole body;
@@ -658,8 +660,9 @@ async fn a_chunked_response_with_extensions_and_trailers_is_decoded_and_its_conn
     assert_eq!(upstream.accepted(), 1, "the upstream connection is reused");
     assert_eq!(upstream.conn_of("/next"), 0);
 
-    // Trailer fields are not body, and the next response after them is intact. (Whether the
-    // connection is reused after trailers is not asserted: see the report.)
+    // Trailer fields are not body (nor forwarded: `Trailer` is hop-by-hop), the next response
+    // after them is intact, and the connection is still the one: the decoder read the
+    // trailer section to its end.
     let answer = conn.get("/trailers").await;
     assert_eq!(
         (answer.status, &answer.body[..]),
@@ -670,6 +673,7 @@ async fn a_chunked_response_with_extensions_and_trailers_is_decoded_and_its_conn
         (next.status, &next.body[..]),
         (200, &b"after /after-trailers"[..])
     );
+    assert_eq!(upstream.accepted(), 1, "reused after the trailers");
     server.stop().await;
 }
 
@@ -1005,6 +1009,33 @@ async fn conflicting_or_invalid_content_lengths_are_a_502_and_the_connection_is_
     server.stop().await;
 }
 
+/// Agreeing lengths — a list (`5, 5`) or the same value twice — are one length (RFC 9110
+/// §8.6): read as such and passed on as one field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agreeing_content_lengths_are_passed_on_as_one() {
+    let upstream = RawUpstream::replying(|got| match got.head.target() {
+        "/list" => keep("HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello"),
+        "/twice" => keep("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"),
+        _ => ok("next"),
+    })
+    .await;
+    let server = pass_all(&upstream).await;
+    let mut client_conn = raw_conn(&server).await;
+    for path in ["/list", "/twice"] {
+        let (head, read) = client_conn.exchange(&raw_get(path), false).await;
+        assert_eq!(
+            (head.status(), &read.body[..]),
+            (200, &b"hello"[..]),
+            "{path}"
+        );
+        assert_eq!(head.all("content-length"), ["5"], "{path}: {head:?}");
+    }
+    let (head, read) = client_conn.exchange(&raw_get("/next"), false).await;
+    assert_eq!((head.status(), &read.body[..]), (200, &b"next"[..]));
+    assert_eq!(upstream.accepted(), 1, "the upstream connection is reused");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_with_a_content_length_is_read_as_chunked_and_forwarded_coherently() {
     let upstream = RawUpstream::replying(|got| match got.head.target() {
@@ -1037,8 +1068,12 @@ async fn chunked_with_a_content_length_is_read_as_chunked_and_forwarded_coherent
     // The client connection is in step for the next response.
     let (head, read) = client_conn.exchange(&raw_get("/next"), false).await;
     assert_eq!((head.status(), &read.body[..]), (200, &b"next"[..]));
-    // Whether the upstream connection was reused is not asserted (see the report; RFC 9112
-    // §6.3 (3) says such a message "ought to be handled as an error").
+    // RFC 9112 §6.3 (3): the connection such a message came on is closed after it.
+    assert_eq!(
+        upstream.later_on_its_conn("/both"),
+        Vec::<String>::new(),
+        "the connection was reused"
+    );
     server.stop().await;
 }
 
@@ -1047,6 +1082,10 @@ async fn malformed_or_oversized_response_heads_are_a_502_and_the_gateway_goes_on
     let huge = format!(
         "HTTP/1.1 200 OK\r\nX-Huge: {}\r\nContent-Length: 2\r\n\r\nok",
         "a".repeat(1 << 20)
+    );
+    let big = format!(
+        "HTTP/1.1 200 OK\r\nX-Big: {}\r\nContent-Length: 2\r\n\r\nok",
+        "a".repeat(100 << 10)
     );
     // Each case: the response, and whether RFC 9112 also lets a proxy read it leniently (then
     // it must be read as the body "ok", framed by its Content-Length, instead of a 502).
@@ -1083,6 +1122,22 @@ async fn malformed_or_oversized_response_heads_are_a_502_and_the_gateway_goes_on
             false,
         ),
         ("a 1 MiB head", huge, false),
+        (
+            "a 100 KiB head (over the 64 KiB a response head may take)",
+            big,
+            false,
+        ),
+        (
+            "an unsolicited 101",
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n".into(),
+            false,
+        ),
+        (
+            "a transfer coding the gateway cannot pass on (gzip, chunked)",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                .into(),
+            false,
+        ),
         // §5.1: a proxy MUST remove whitespace before the colon, or reject the response.
         (
             "a space before the colon",
