@@ -217,12 +217,17 @@ pub(crate) fn parse_response(
         }
         let bytes = buf.split_to(length).freeze();
         let mut headers = HeaderMap::with_capacity(fields.len());
+        let mut persistence = Persistence::default();
         for (name, value) in fields {
+            if name == CONNECTION && persistence.read(&bytes[value.clone()]) {
+                // Only about this connection: not kept (it would be removed as hop-by-hop).
+                continue;
+            }
             let value = HeaderValue::from_maybe_shared(bytes.slice(value))
                 .map_err(|_| MessageError::Field)?;
             headers.append(name, value);
         }
-        let (framing, keep_alive) = framing(request, status, version, &headers)?;
+        let (framing, keep_alive) = framing(request, status, version, persistence, &headers)?;
         if let Framing::Length(length) = framing
             && repeated(&headers)
         {
@@ -246,19 +251,10 @@ fn framing(
     request: &Method,
     status: StatusCode,
     version: Version,
+    persistence: Persistence,
     headers: &HeaderMap,
 ) -> Result<(Framing, bool), MessageError> {
-    let mut keep_alive = version == Version::HTTP_11;
-    for value in headers.get_all(CONNECTION) {
-        for token in value.as_bytes().split(|b| *b == b',') {
-            let token = token.trim_ascii();
-            if token.eq_ignore_ascii_case(b"close") {
-                keep_alive = false;
-            } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
-                keep_alive = true;
-            }
-        }
-    }
+    let keep_alive = !persistence.close && (version == Version::HTTP_11 || persistence.keep_alive);
     if request == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -306,6 +302,33 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, MessageError> {
         }
     }
     Ok(length)
+}
+
+/// What the response's `Connection` fields say about the connection itself (RFC 9112 §9.3).
+#[derive(Debug, Default, Clone, Copy)]
+struct Persistence {
+    /// `close`: the upstream closes it after this response.
+    close: bool,
+    /// `keep-alive`: an HTTP/1.0 upstream keeps it.
+    keep_alive: bool,
+}
+
+impl Persistence {
+    /// Reads one `Connection` value; whether it names nothing but `close` and `keep-alive`.
+    fn read(&mut self, value: &[u8]) -> bool {
+        let mut only_persistence = true;
+        for token in value.split(|b| *b == b',') {
+            let token = token.trim_ascii();
+            if token.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            } else if !token.is_empty() {
+                only_persistence = false;
+            }
+        }
+        only_persistence
+    }
 }
 
 /// Whether `Content-Length` came as a list or in several fields.
@@ -542,6 +565,23 @@ mod tests {
         );
         assert_eq!(h.parts.headers["x-a"], "b");
         assert_eq!(h.parts.headers["x-e"], "");
+        let h = head(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nConnection: close, X-A\r\nX-A: 1\r\n\r\n",
+            &get,
+        )
+        .unwrap()
+        .unwrap();
+        // Read and dropped when it is only about the connection; kept when it names a field
+        // (the gateway's hop-by-hop removal then removes both).
+        assert_eq!(
+            h.parts
+                .headers
+                .get_all(CONNECTION)
+                .iter()
+                .collect::<Vec<_>>(),
+            ["close, X-A"]
+        );
+        assert!(!h.keep_alive);
         let h = head(
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n",
             &get,

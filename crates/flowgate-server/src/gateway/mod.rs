@@ -360,7 +360,7 @@ impl Gateway {
         .with_progress(progress.clone());
         let timeout = timeouts.response_head;
         // Pinned here and lent: the exchange's future is large, and moving it costs.
-        let sent = std::pin::pin!(self.pool.send(Request::from_parts(parts, body)));
+        let sent = std::pin::pin!(self.pool.send(&mut parts, body));
         let response = match upstream_within(timeout, progress.as_deref(), sent).await {
             Some(Ok(response)) => response,
             Some(Err(e)) => return self.failed(e),

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::header::HOST;
-use http::{HeaderValue, Request, Response};
+use http::request::Parts;
+use http::{HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::io::AsyncWrite;
@@ -362,15 +363,17 @@ impl Pool {
         Pool { shared }
     }
 
-    /// Sends `request` (origin-form URI) on a pooled connection — or a new one when none is
-    /// idle or those tried were found closed before the request was written — and returns
-    /// the response head; the body streams from the connection as it is read.
+    /// Sends the request `parts` (origin-form URI; lent, not moved: they are large) with
+    /// `body` on a pooled connection — or a new one when none is idle or those tried were
+    /// found closed before the request was written — and returns the response head; the body
+    /// streams from the connection as it is read.
     pub(crate) async fn send(
         &self,
-        mut request: Request<RequestBody>,
+        parts: &mut Parts,
+        mut body: RequestBody,
     ) -> Result<Response<UpstreamBody>, SendError> {
-        if !request.headers().contains_key(HOST) {
-            request.headers_mut().insert(HOST, self.shared.host.clone());
+        if !parts.headers.contains_key(HOST) {
+            parts.headers.insert(HOST, self.shared.host.clone());
         }
         let mut stale = 0;
         let mut deadline = None;
@@ -386,11 +389,11 @@ impl Pool {
             if stale < MAX_STALE
                 && let Some(conn) = self.shared.checkout()
             {
-                match self.exchange(conn, request).await {
+                match self.exchange(conn, parts, body).await {
                     Exchanged::Answered(response) => return Ok(response),
                     Exchanged::Failed(e) => return Err(e),
                     Exchanged::Unsent(back) => {
-                        request = back;
+                        body = back;
                         stale += 1;
                         continue;
                     }
@@ -419,7 +422,7 @@ impl Pool {
             }
         };
         let conn = self.connect(slot).await?;
-        match self.exchange(conn, request).await {
+        match self.exchange(conn, parts, body).await {
             Exchanged::Answered(response) => Ok(response),
             Exchanged::Failed(e) => Err(e),
             Exchanged::Unsent(_) => Err(SendError::Connect(io::Error::new(
@@ -429,12 +432,11 @@ impl Pool {
         }
     }
 
-    /// Sends `request` on `conn` and reads the response head.
-    async fn exchange(&self, mut conn: Conn, request: Request<RequestBody>) -> Exchanged {
-        let (parts, body) = request.into_parts();
+    /// Sends the request on `conn` and reads the response head.
+    async fn exchange(&self, mut conn: Conn, parts: &Parts, body: RequestBody) -> Exchanged {
         conn.write.clear();
         let has_body = !body.is_end_stream();
-        let framing = h1::write_request_head(&parts, has_body, &mut conn.write);
+        let framing = h1::write_request_head(parts, has_body, &mut conn.write);
         let mut sending = Sending {
             method: parts.method.clone(),
             framing,
@@ -457,7 +459,7 @@ impl Pool {
             Err(Failure::Unsent(e)) => match sending.body {
                 Some(body) => {
                     tracing::debug!("pooled upstream connection closed before the request: {e}");
-                    Exchanged::Unsent(Request::from_parts(parts, body))
+                    Exchanged::Unsent(body)
                 }
                 None => Exchanged::Failed(SendError::Upstream(e)),
             },
@@ -514,8 +516,8 @@ impl Pool {
 enum Exchanged {
     /// The upstream answered.
     Answered(Response<UpstreamBody>),
-    /// The connection was closed before the request was written; here it is back.
-    Unsent(Request<RequestBody>),
+    /// The connection was closed before the request was written; here is its body back.
+    Unsent(RequestBody),
     /// The exchange failed after the request was (perhaps partly) written.
     Failed(SendError),
 }
