@@ -63,6 +63,10 @@ pub(crate) type RequestBody = IdleBody<Incoming>;
 const READ_BUFFER: usize = 8 * 1024;
 /// Below this much free room, the read buffer is grown (or reclaimed) before reading.
 const MIN_READ_ROOM: usize = 1024;
+/// The most room an idle connection's buffers keep; beyond it they are let go. (The write
+/// buffer grows with the largest body frame written; the read buffer's allocation is bounded
+/// anyway — heads by 64 KiB, body bytes are handed on as they arrive.)
+const KEPT_BUFFER: usize = 16 * 1024;
 
 /// The bounds of a pool.
 #[derive(Debug, Clone, Copy)]
@@ -550,6 +554,13 @@ impl Shared {
     /// ([`Shared::checkout`] looks again whether the upstream has closed it meanwhile).
     fn checkin(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
+        // Buffers grown by a large head or body frame are not kept while idle.
+        if conn.write.capacity() > KEPT_BUFFER {
+            conn.write = Vec::new();
+        }
+        if conn.read.capacity() > KEPT_BUFFER {
+            conn.read = BytesMut::new();
+        }
         let mut idle = self.idle();
         if idle.len() >= MAX_IDLE {
             idle.pop_front();
