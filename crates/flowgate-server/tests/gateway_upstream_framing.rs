@@ -1529,6 +1529,56 @@ async fn the_upstream_gets_origin_form_one_host_and_each_body_framed_once() {
 // Idle connections.
 // ---------------------------------------------------------------------------------------------
 
+/// The race a keep-alive timeout makes, made certain: the upstream reads a request on a pooled
+/// connection and closes it without a byte of answer. An idempotent request without a body is
+/// sent again on a new connection (RFC 9110 §9.2.2, as nginx's `proxy_next_upstream error`
+/// does); one with a body, or not idempotent, is not: a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_pooled_connection_dropped_is_replayed_only_when_idempotent_and_empty() {
+    // Requests seen per upstream connection: a `/drop…` request is dropped unless it is the
+    // first on its connection (so it is only ever dropped on a reused one).
+    let seen = Arc::new(Mutex::new(Vec::<usize>::new()));
+    let counts = seen.clone();
+    let upstream = RawUpstream::replying(move |got| {
+        let mut counts = counts.lock().unwrap();
+        if counts.len() <= got.conn {
+            counts.resize(got.conn + 1, 0);
+        }
+        counts[got.conn] += 1;
+        match got.head.target() {
+            target if target.starts_with("/drop") && counts[got.conn] > 1 => close(""),
+            target => ok(target),
+        }
+    })
+    .await;
+    let server = pass_all(&upstream).await;
+    let mut conn = OneConn::open(&server).await;
+    assert_eq!(conn.get("/first").await.status, 200);
+    // Reuses connection 0, which drops it; sent again on connection 1.
+    let replayed = conn.get("/drop-get").await;
+    assert_eq!(
+        (replayed.status, &replayed.body[..]),
+        (200, &b"/drop-get"[..])
+    );
+    assert_eq!((upstream.requests_on(0), upstream.requests_on(1)), (2, 1));
+    // A body: not replayed.
+    let posted = conn.send("POST", "/drop-post", b"payload").await;
+    assert_bad_gateway(&posted, "a POST with a body");
+    assert_eq!(upstream.requests_on(1), 2);
+    // DELETE is idempotent: on a fresh connection (2) first, then dropped on it and replayed (3).
+    let mut conn = OneConn::open(&server).await;
+    assert_eq!(conn.send("DELETE", "/drop-delete", b"").await.status, 200);
+    let replayed = conn.send("DELETE", "/drop-delete", b"").await;
+    assert_eq!(
+        (replayed.status, &replayed.body[..]),
+        (200, &b"/drop-delete"[..])
+    );
+    assert_eq!((upstream.requests_on(2), upstream.requests_on(3)), (2, 1));
+    assert_eq!(upstream.accepted(), 4);
+    drop(seen);
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_the_upstream_closed_is_replaced_not_a_502() {
     // The upstream closes each connection right after its response, without saying so (as a

@@ -53,7 +53,8 @@ pub(crate) const MAX_IDLE: usize = 1024;
 /// How often idle connections are looked at.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// How many pooled connections one request tries (each found closed before the request was
-/// written) before it opens a new one.
+/// written, or — for a request that may be replayed — before a byte of the answer) before it
+/// opens a new one.
 const MAX_STALE: usize = 3;
 
 /// What a request sends: the client's body, given up when it stalls.
@@ -209,7 +210,7 @@ impl Conn {
             match h1::parse_response(&mut self.read, &sending.method) {
                 Err(e) => return Poll::Ready(Err(Failure::Upstream(e.into()))),
                 Ok(Some(mut head)) => {
-                    if sending.body.is_some() || !self.write.is_empty() {
+                    if !sending.whole(self.write.is_empty()) {
                         head.keep_alive = false;
                     }
                     return Poll::Ready(Ok(head));
@@ -218,17 +219,13 @@ impl Conn {
             }
             match self.poll_fill(cx) {
                 Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(Failure::Upstream(SendError::Upstream(
-                        io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the upstream closed the connection without answering",
-                        ),
+                    return Poll::Ready(Err(sending.failed(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upstream closed the connection without answering",
                     ))));
                 }
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => {
-                    return Poll::Ready(Err(Failure::Upstream(SendError::Upstream(e))));
-                }
+                Poll::Ready(Ok(_)) => sending.heard = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(sending.failed(e))),
                 Poll::Pending => return Poll::Pending,
             }
         }
@@ -252,7 +249,12 @@ impl Conn {
             }
             self.write.clear();
             sending.written = 0;
-            let Some(body) = &mut sending.body else {
+            // An empty body is not polled: it stays whole, to go again with a replayed request.
+            let Some(body) = sending
+                .body
+                .as_mut()
+                .filter(|_| sending.framing != RequestFraming::Empty)
+            else {
                 return self.poll_flush(cx, sending);
             };
             match Pin::new(body).poll_frame(cx) {
@@ -298,22 +300,35 @@ struct Sending {
     written: usize,
     /// Whether any byte has been written.
     started: bool,
+    /// Whether it may be sent again on another connection when this one ends before a byte
+    /// of the answer: a pooled connection (the upstream may have closed it as it was taken —
+    /// a keep-alive timeout's race), an idempotent method, no body (RFC 9110 §9.2.2).
+    replayable: bool,
+    /// Whether any byte of the answer has been read.
+    heard: bool,
 }
 
 impl Sending {
-    /// The failure a write error is: the request comes back when none of it was written.
+    /// Whether the whole request has been written (`buffered`: the write buffer is empty).
+    fn whole(&self, buffered: bool) -> bool {
+        buffered && (self.body.is_none() || self.framing == RequestFraming::Empty)
+    }
+
+    /// The failure a broken connection is: the request comes back when none of it was
+    /// written, or when it may be replayed and nothing was answered.
     fn failed(&mut self, error: io::Error) -> Failure {
-        if self.started {
-            Failure::Upstream(SendError::Upstream(error))
-        } else {
+        if !self.started || (self.replayable && !self.heard) {
             Failure::Unsent(error)
+        } else {
+            Failure::Upstream(SendError::Upstream(error))
         }
     }
 }
 
 /// How an exchange failed.
 enum Failure {
-    /// Before a byte of the request was written (the connection had closed).
+    /// Before a byte of the request was written (the connection had closed), or before a
+    /// byte of the answer to a request that may be replayed.
     Unsent(io::Error),
     /// The client's body failed.
     Body(IdleError<hyper::Error>),
@@ -393,7 +408,7 @@ impl Pool {
             if stale < MAX_STALE
                 && let Some(conn) = self.shared.checkout()
             {
-                match self.exchange(conn, parts, body).await {
+                match self.exchange(conn, true, parts, body).await {
                     Exchanged::Answered(response) => return Ok(response),
                     Exchanged::Failed(e) => return Err(e),
                     Exchanged::Unsent(back) => {
@@ -426,7 +441,7 @@ impl Pool {
             }
         };
         let conn = self.connect(slot).await?;
-        match self.exchange(conn, parts, body).await {
+        match self.exchange(conn, false, parts, body).await {
             Exchanged::Answered(response) => Ok(response),
             Exchanged::Failed(e) => Err(e),
             Exchanged::Unsent(_) => Err(SendError::Connect(io::Error::new(
@@ -437,7 +452,13 @@ impl Pool {
     }
 
     /// Sends the request on `conn` and reads the response head.
-    async fn exchange(&self, mut conn: Conn, parts: &Parts, body: RequestBody) -> Exchanged {
+    async fn exchange(
+        &self,
+        mut conn: Conn,
+        pooled: bool,
+        parts: &Parts,
+        body: RequestBody,
+    ) -> Exchanged {
         conn.write.clear();
         let has_body = !body.is_end_stream();
         let framing = h1::write_request_head(parts, has_body, &mut conn.write);
@@ -448,6 +469,8 @@ impl Pool {
             body: Some(body),
             written: 0,
             started: false,
+            replayable: pooled && parts.method.is_idempotent() && framing == RequestFraming::Empty,
+            heard: false,
         };
         match poll_fn(|cx| conn.poll_exchange(cx, &mut sending)).await {
             Ok(head) => Exchanged::Answered(Response::from_parts(
@@ -462,7 +485,7 @@ impl Pool {
             // Nothing was written, so the body was never polled and is whole.
             Err(Failure::Unsent(e)) => match sending.body {
                 Some(body) => {
-                    tracing::debug!("pooled upstream connection closed before the request: {e}");
+                    tracing::debug!("pooled upstream connection closed under the request: {e}");
                     Exchanged::Unsent(body)
                 }
                 None => Exchanged::Failed(SendError::Upstream(e)),
