@@ -8,7 +8,6 @@
 //! closed afterwards, a body framed by the connection's end is never followed by another
 //! response, and a chunk's size line, its closing CRLF and the trailer section are checked.
 
-use std::fmt;
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -99,42 +98,33 @@ pub(crate) fn write_chunk(data: &[u8], out: &mut Vec<u8>) {
 pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// Why the upstream's message could not be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum MessageError {
     /// The response head is not HTTP/1.x as RFC 9112 frames it.
+    #[error("malformed response head: {0}")]
     Head(httparse::Error),
     /// The response head is larger than [`MAX_HEAD`].
+    #[error("response head over {MAX_HEAD} bytes")]
     HeadTooLarge,
     /// A field name or value `http` does not take.
+    #[error("malformed response header field")]
     Field,
     /// `Content-Length` is not one decimal length (differing values, or not a number).
+    #[error("invalid or conflicting Content-Length")]
     ContentLength,
     /// `101 Switching Protocols`: the gateway forwards no upgrades.
+    #[error("unexpected 101 Switching Protocols")]
     Upgrade,
     /// A transfer coding other than `chunked` alone, or one in an HTTP/1.0 response.
+    #[error("a transfer coding other than chunked")]
     TransferCoding,
     /// A chunk's size line, its closing CRLF or the trailer section is malformed or too long.
+    #[error("malformed chunked body")]
     Chunk,
     /// The connection ended before the body did.
+    #[error("the connection closed before the body ended")]
     Truncated,
 }
-
-impl fmt::Display for MessageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MessageError::Head(e) => write!(f, "malformed response head: {e}"),
-            MessageError::HeadTooLarge => write!(f, "response head over {MAX_HEAD} bytes"),
-            MessageError::Field => f.write_str("malformed response header field"),
-            MessageError::ContentLength => f.write_str("invalid or conflicting Content-Length"),
-            MessageError::Upgrade => f.write_str("unexpected 101 Switching Protocols"),
-            MessageError::TransferCoding => f.write_str("a transfer coding other than chunked"),
-            MessageError::Chunk => f.write_str("malformed chunked body"),
-            MessageError::Truncated => f.write_str("the connection closed before the body ended"),
-        }
-    }
-}
-
-impl std::error::Error for MessageError {}
 
 /// A response head, read.
 #[derive(Debug)]

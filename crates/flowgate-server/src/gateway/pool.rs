@@ -41,7 +41,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::Upstream;
-use super::h1::{self, Decoder, MessageError, RequestFraming};
+use super::h1::{self, Decoder, RequestFraming};
 use super::idle::{IdleBody, IdleError};
 use crate::metrics::UpstreamMetrics;
 use crate::tls::MaybeTls;
@@ -95,12 +95,6 @@ pub(crate) enum SendError {
     /// The connection failed, or the upstream's answer was not HTTP/1.1 as RFC 9112 frames it.
     #[error("{0}")]
     Upstream(io::Error),
-}
-
-impl From<MessageError> for SendError {
-    fn from(error: MessageError) -> Self {
-        SendError::Upstream(io::Error::new(io::ErrorKind::InvalidData, error))
-    }
 }
 
 /// Connections to one upstream.
@@ -208,7 +202,10 @@ impl Conn {
         }
         loop {
             match h1::parse_response(&mut self.read, &sending.method) {
-                Err(e) => return Poll::Ready(Err(Failure::Upstream(e.into()))),
+                Err(e) => {
+                    let e = io::Error::new(io::ErrorKind::InvalidData, e);
+                    return Poll::Ready(Err(Failure::Upstream(e)));
+                }
                 Ok(Some(mut head)) => {
                     if !sending.whole(self.write.is_empty()) {
                         head.keep_alive = false;
@@ -320,7 +317,7 @@ impl Sending {
         if !self.started || (self.replayable && !self.heard) {
             Failure::Unsent(error)
         } else {
-            Failure::Upstream(SendError::Upstream(error))
+            Failure::Upstream(error)
         }
     }
 }
@@ -332,8 +329,8 @@ enum Failure {
     Unsent(io::Error),
     /// The client's body failed.
     Body(IdleError<hyper::Error>),
-    /// The upstream failed.
-    Upstream(SendError),
+    /// The connection failed, or the upstream's answer was not HTTP/1.1.
+    Upstream(io::Error),
 }
 
 /// A context whose wake-ups go nowhere: for polling what only the caller's own next poll can
@@ -482,7 +479,7 @@ impl Pool {
                     pool: self.shared.clone(),
                 },
             )),
-            // Nothing was written, so the body was never polled and is whole.
+            // Nothing was written, or the body was empty and never polled: it is whole.
             Err(Failure::Unsent(e)) => match sending.body {
                 Some(body) => {
                     tracing::debug!("pooled upstream connection closed under the request: {e}");
@@ -491,7 +488,7 @@ impl Pool {
                 None => Exchanged::Failed(SendError::Upstream(e)),
             },
             Err(Failure::Body(e)) => Exchanged::Failed(SendError::Body(e)),
-            Err(Failure::Upstream(e)) => Exchanged::Failed(e),
+            Err(Failure::Upstream(e)) => Exchanged::Failed(SendError::Upstream(e)),
         }
     }
 
@@ -543,7 +540,8 @@ impl Pool {
 enum Exchanged {
     /// The upstream answered.
     Answered(Response<UpstreamBody>),
-    /// The connection was closed before the request was written; here is its body back.
+    /// The connection closed before the request was written (or, for a request that may be
+    /// replayed, before a byte of the answer); here is its body back.
     Unsent(RequestBody),
     /// The exchange failed after the request was (perhaps partly) written.
     Failed(SendError),
