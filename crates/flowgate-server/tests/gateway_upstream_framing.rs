@@ -1430,7 +1430,7 @@ async fn the_upstream_gets_origin_form_one_host_and_each_body_framed_once() {
     let upstream = RawUpstream::replying(|_| ok("ok")).await;
     let server = pass_all(&upstream).await;
     let authority = upstream.url.trim_start_matches("http://").to_owned();
-    let requests: [(&str, &[u8]); 7] = [
+    let requests: [(&str, &[u8]); 8] = [
         (
             "get",
             b"GET /plain?x=1&y=two%20words HTTP/1.1\r\nHost: api.example\r\n\r\n",
@@ -1455,6 +1455,10 @@ async fn the_upstream_gets_origin_form_one_host_and_each_body_framed_once() {
         (
             "absolute form",
             b"GET http://other.example:8080/abs?q=1 HTTP/1.1\r\nHost: wrong.example\r\n\r\n",
+        ),
+        (
+            "absolute form with an empty path",
+            b"GET http://other.example:8080?q=2 HTTP/1.1\r\nHost: wrong.example\r\n\r\n",
         ),
         ("http/1.0 without host", b"GET /old HTTP/1.0\r\n\r\n"),
     ];
@@ -1519,6 +1523,10 @@ async fn the_upstream_gets_origin_form_one_host_and_each_body_framed_once() {
     let absolute = find("/abs?q=1");
     assert_eq!(absolute.head.line, "GET /abs?q=1 HTTP/1.1");
     assert_eq!(absolute.head.one("host"), Some("other.example:8080"));
+    // RFC 9112 §3.2.1: an empty path is sent as `/`.
+    let no_path = find("/?q=2");
+    assert_eq!(no_path.head.line, "GET /?q=2 HTTP/1.1");
+    assert_eq!(no_path.head.one("host"), Some("other.example:8080"));
     let old = find("/old");
     assert_eq!(old.head.line, "GET /old HTTP/1.1");
     assert_eq!(old.head.one("host"), Some(authority.as_str()));

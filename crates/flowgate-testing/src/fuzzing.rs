@@ -39,7 +39,7 @@ use flowgate_server::api::limits::InputLimits;
 use flowgate_server::api::rls;
 use flowgate_server::config::gateway::{EntryConfig, GatewayConfig, Source as EntrySource};
 use flowgate_server::config::{Policy, Source};
-use flowgate_server::gateway::{descriptors, forward, path};
+use flowgate_server::gateway::{descriptors, forward, h1, path};
 
 /// The rules decisions are made against: every matching shape (key+value, key only, nested,
 /// unlimited, replaces, shadow) and every algorithm.
@@ -389,8 +389,9 @@ pub fn ws_message(data: &[u8]) {
 
 /// An HTTP/1.1 request head (`GET / HTTP/1.1\r\nHost: …\r\n\r\n`), parsed as hyper parses it
 /// (httparse) and handled as the gateway handles it before forwarding: `CONNECT` refused, the
-/// `Host` rules, descriptors from every source and their decision, hop-by-hop fields removed,
-/// `X-Forwarded-For`, `Forwarded` and `Via` added, the target put in origin form.
+/// `Host` rules, descriptors from every source and their decision; then the head written for
+/// the upstream (hop-by-hop fields removed, `X-Forwarded-For`, `Forwarded` and `Via` written
+/// anew, the target in origin form) must parse back, whole, with none of what it must lose.
 pub fn gateway_head(data: &[u8]) {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut head = httparse::Request::new(&mut headers);
@@ -452,18 +453,58 @@ pub fn gateway_head(data: &[u8]) {
         }
     }
     let had_te = parts.headers.contains_key(TRANSFER_ENCODING);
-    // The default for an untrusted peer: its own forwarding fields are replaced.
-    forward::rewrite_request(&mut parts, peer.ip(), false);
-    let h = &parts.headers;
+    // The head the upstream gets, for an untrusted peer (its own forwarding fields replaced),
+    // read back as the upstream reads it.
+    forward::remove_hop_by_hop(&mut parts.headers);
+    let hop = forward::Hop::new(peer.ip(), false);
+    let upstream = HeaderValue::from_static("upstream.example");
+    let written = h1::RequestHead::write(&parts, &hop, &upstream, false);
+    let mut fields = [httparse::EMPTY_HEADER; 80];
+    let mut sent = httparse::Request::new(&mut fields);
+    assert!(
+        matches!(sent.parse(&written.bytes), Ok(httparse::Status::Complete(n)) if n == written.bytes.len()),
+        "the upstream head does not parse: {:?}",
+        String::from_utf8_lossy(&written.bytes)
+    );
+    assert_eq!(sent.version, Some(1));
+    assert!(
+        sent.path.is_some_and(|p| p.starts_with('/') || p == "*"),
+        "{:?}",
+        sent.path
+    );
+    let count = |name: &str| {
+        sent.headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .count()
+    };
     for name in [CONNECTION, TRANSFER_ENCODING, TE, TRAILER, UPGRADE] {
-        assert!(!h.contains_key(&name), "{name} was forwarded");
+        assert_eq!(count(name.as_str()), 0, "{name} was forwarded");
     }
-    assert!(!h.contains_key("keep-alive"));
-    assert!(h.keys().all(|k| !k.as_str().starts_with("proxy-")));
+    assert_eq!(count("keep-alive"), 0);
+    assert!(
+        sent.headers
+            .iter()
+            .all(|h| !h.name.to_ascii_lowercase().starts_with("proxy-"))
+    );
     if had_te {
-        assert!(!h.contains_key(CONTENT_LENGTH), "TE and CL were forwarded");
+        assert_eq!(
+            count(CONTENT_LENGTH.as_str()),
+            0,
+            "TE and CL were forwarded"
+        );
     }
-    assert!(h.contains_key("x-forwarded-for") && h.contains_key("via"));
-    assert!(h.get_all(HOST).iter().count() <= 1);
-    assert!(parts.uri.authority().is_none());
+    assert_eq!(count(HOST.as_str()), 1);
+    assert_eq!(count("via"), 1);
+    let xff: Vec<&[u8]> = sent
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("x-forwarded-for"))
+        .map(|h| h.value)
+        .collect();
+    assert_eq!(
+        xff,
+        [b"10.0.0.9".as_slice()],
+        "the client's own X-Forwarded-For was kept"
+    );
 }

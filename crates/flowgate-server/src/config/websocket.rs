@@ -196,15 +196,42 @@ impl WsUpstream {
         format!("{}:{port}", self.authority.host())
     }
 
-    /// The request target for a client's `path_and_query`.
+    /// The request target for a client's `path_and_query` (an empty path is `/`, RFC 9112
+    /// §3.2.1: `http://host?q` is `/?q`).
     pub fn target(&self, path_and_query: Option<&PathAndQuery>) -> String {
         let pq = path_and_query.map_or("/", PathAndQuery::as_str);
-        format!("{}{pq}", self.prefix)
+        let slash = if pq.is_empty() || pq.starts_with('?') {
+            "/"
+        } else {
+            ""
+        };
+        format!("{}{slash}{pq}", self.prefix)
     }
 }
 
 impl fmt::Display for WsUpstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ws://{}{}", self.authority, self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_keep_the_prefix_and_give_an_empty_path_its_slash() {
+        let target = |upstream: &str, client: &str| {
+            let uri: http::Uri = client.parse().unwrap();
+            WsUpstream::parse(upstream)
+                .unwrap()
+                .target(uri.path_and_query())
+        };
+        assert_eq!(target("ws://up:9000", "/chat?room=1"), "/chat?room=1");
+        assert_eq!(target("ws://up:9000/ws", "/chat?room=1"), "/ws/chat?room=1");
+        // Absolute form with an empty path (RFC 9112 §3.2.1).
+        assert_eq!(target("ws://up:9000", "http://h?room=1"), "/?room=1");
+        assert_eq!(target("ws://up:9000/ws", "http://h?room=1"), "/ws/?room=1");
+        assert_eq!(target("ws://up:9000", "http://h"), "/");
     }
 }

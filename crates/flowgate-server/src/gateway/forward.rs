@@ -4,9 +4,8 @@
 
 use std::net::IpAddr;
 
-use bytes::Bytes;
+use flowgate::http::key::IpText;
 use flowgate::http::key::X_FORWARDED_FOR;
-use flowgate::http::key::push_ip;
 use http::header::{
     CONNECTION, CONTENT_LENGTH, FORWARDED, HOST, HeaderMap, HeaderName, HeaderValue, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE, VIA,
@@ -15,21 +14,6 @@ use http::request::Parts;
 use http::uri::Authority;
 use http::{StatusCode, Version};
 
-/// Turns an allowed request's head into the one sent upstream: the target in origin form
-/// (`/path?query`: the upstream is a server, not a proxy), HTTP/1.1, the hop-by-hop fields
-/// removed, this hop recorded for `client` (see `add_forwarding`; `keep_earlier` keeps the
-/// hops the client sent, for trusted peers or `forwarded: append`), no extensions.
-pub fn rewrite_request(parts: &mut Parts, client: IpAddr, keep_earlier: bool) {
-    parts.uri = match parts.uri.path_and_query() {
-        Some(path) => http::Uri::from(path.clone()),
-        None => http::Uri::from_static("/"),
-    };
-    parts.version = Version::HTTP_11;
-    remove_hop_by_hop(&mut parts.headers);
-    add_forwarding(&mut parts.headers, client, keep_earlier);
-    parts.extensions = http::Extensions::new();
-}
-
 /// Removes the hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, every
 /// `Proxy-*` field, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`. A message that came
 /// with `Transfer-Encoding` also loses `Content-Length` (RFC 9112 §6.3: the two together are
@@ -37,7 +21,7 @@ pub fn rewrite_request(parts: &mut Parts, client: IpAddr, keep_earlier: bool) {
 ///
 /// One look at the names says which are there, and only those are removed: most messages carry
 /// none, or only `Connection: keep-alive` (every upstream response, in practice).
-pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let mut present = 0u8;
     for name in headers.keys() {
         present |= hop_by_hop(name);
@@ -168,121 +152,119 @@ pub fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static str)> {
     }
 }
 
-/// Records this hop in a request about to be forwarded: `client` appended to
+/// This hop, as a forwarded request records it: the client's address appended to
 /// `X-Forwarded-For` and, as an RFC 7239 element `for=…;host=…;proto=http`, to `Forwarded`,
-/// and `Via: 1.1 flowgate` (RFC 9110 §7.6.3). Earlier hops are kept only when
-/// `keep_earlier` (the peer is a trusted proxy, or the operator asked to append); otherwise
-/// both fields are replaced, so an upstream reading their leftmost entry never sees an address
-/// the client made up.
-pub(crate) fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, keep_earlier: bool) {
-    let ip = client.to_canonical();
-    let host = headers
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .filter(|h| !h.is_empty());
-    let escapes = host.map_or(0, |h| {
-        h.bytes().filter(|b| matches!(b, b'"' | b'\\')).count()
-    });
-    // Both values are written into one buffer of their exact total size (over 15 bytes, so
-    // `push_ip` writes without growing it), which both header values then share: one
-    // allocation for the text and one for the count the two share (two buffers, one grown by
-    // `push_ip` and one not full, cost four). Each value is still validated as it is made.
-    let ip_len = text_len(ip);
-    let for_len = match ip {
-        IpAddr::V4(_) => ip_len,
-        IpAddr::V6(_) => ip_len + 4,
-    };
-    let host_len = host.map_or(0, |h| ";host=\"\"".len() + h.len() + escapes);
-    let mut text =
-        String::with_capacity(ip_len + "for=".len() + for_len + host_len + ";proto=http".len());
-    push_ip(&mut text, ip);
-    let xff_len = text.len();
-    text.push_str("for=");
-    match ip {
-        IpAddr::V4(_) => text.extend_from_within(..xff_len),
-        IpAddr::V6(_) => {
-            text.push_str("\"[");
-            text.extend_from_within(..xff_len);
-            text.push_str("]\"");
-        }
-    }
-    if let Some(host) = host {
-        text.push_str(";host=\"");
-        if escapes > 0 {
-            for c in host.chars() {
-                if c == '"' || c == '\\' {
-                    text.push('\\');
-                }
-                text.push(c);
-            }
-        } else {
-            text.push_str(host);
-        }
-        text.push('"');
-    }
-    text.push_str(";proto=http");
-    let text = Bytes::from(text);
-    let xff = text.slice(..xff_len);
-    let element = text.slice(xff_len..);
-
-    if keep_earlier {
-        append_list(headers, &X_FORWARDED_FOR, xff);
-        append_list(headers, &FORWARDED, element);
-    } else {
-        // `insert` replaces every earlier line: the client's own hops are dropped.
-        set(headers, &X_FORWARDED_FOR, xff);
-        set(headers, &FORWARDED, element);
-    }
-    if let http::header::Entry::Vacant(via) = headers.entry(VIA) {
-        via.insert(HeaderValue::from_static(VIA_FLOWGATE));
-    } else {
-        append_list(headers, &VIA, Bytes::from_static(VIA_FLOWGATE.as_bytes()));
-    }
+/// and `Via: 1.1 flowgate` (RFC 9110 §7.6.3). Earlier hops in `X-Forwarded-For` and
+/// `Forwarded` are kept only when `keep_earlier` (the peer is a trusted proxy, or the
+/// operator asked to append); otherwise the client's own are replaced, so an upstream reading
+/// their leftmost entry never sees an address the client made up. Earlier `Via` entries are
+/// always kept. Earlier lines of a field are folded into one (some upstreams read only the
+/// first).
+#[derive(Debug, Clone, Copy)]
+pub struct Hop {
+    /// The client's address (an IPv4-mapped IPv6 address as IPv4).
+    client: IpAddr,
+    /// Whether the client's `X-Forwarded-For` and `Forwarded` entries are kept.
+    keep_earlier: bool,
 }
 
-/// The length of `ip`'s text form (IPv4 counted, IPv6 an upper bound).
-fn text_len(ip: IpAddr) -> usize {
-    match ip {
-        IpAddr::V4(v4) => {
-            3 + v4
-                .octets()
-                .iter()
-                .map(|&o| 1 + usize::from(o >= 10) + usize::from(o >= 100))
-                .sum::<usize>()
-        }
-        IpAddr::V6(_) => 45,
-    }
-}
+/// The fields a [`Hop`] writes, in the order it writes them.
+static HOP_FIELDS: [&HeaderName; 3] = [&X_FORWARDED_FOR, &FORWARDED, &VIA];
 
 /// This hop in `Via`.
 const VIA_FLOWGATE: &str = "1.1 flowgate";
 
-/// Sets `name` to `value` alone (earlier lines removed). The value takes the bytes as they are.
-fn set(headers: &mut HeaderMap, name: &HeaderName, value: Bytes) {
-    if let Ok(value) = HeaderValue::from_maybe_shared(value) {
-        headers.insert(name.clone(), value);
+impl Hop {
+    /// The hop of a request from `client`; `keep_earlier` keeps the client's own
+    /// `X-Forwarded-For` and `Forwarded` entries ahead of this hop's.
+    pub fn new(client: IpAddr, keep_earlier: bool) -> Self {
+        Hop {
+            client: client.to_canonical(),
+            keep_earlier,
+        }
     }
-}
 
-/// Appends `item` to the comma-separated list in `name`, folding earlier lines into one
-/// (some upstreams read only the first line).
-fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: Bytes) {
-    if !headers.contains_key(name) {
-        return set(headers, name, item);
+    /// Whether the client's field `name` is one this hop writes anew (from the client's
+    /// lines and its own entry): `X-Forwarded-For`, `Forwarded` and `Via`. A head writer
+    /// leaves the client's lines out and calls [`Hop::write_fields`].
+    pub fn writes(name: &HeaderName) -> bool {
+        HOP_FIELDS.contains(&name)
     }
-    let mut joined = String::new();
-    for value in headers.get_all(name) {
-        if let Ok(value) = value.to_str() {
-            let value = value.trim();
-            if !value.is_empty() {
-                joined.push_str(value);
-                joined.push_str(", ");
+
+    /// Appends the three fields as HTTP/1 field lines (`name: value\r\n`) for a request
+    /// whose own fields are `headers`.
+    pub fn write_fields(&self, headers: &HeaderMap, out: &mut Vec<u8>) {
+        let ip = IpText::new(self.client);
+        for name in HOP_FIELDS {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            self.write_value(name, ip.as_bytes(), headers, out);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Sets the three fields in `headers`, replacing their earlier lines: for a head another
+    /// writer sends (the WebSocket gateway's handshake, through hyper's client).
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        let ip = IpText::new(self.client);
+        let mut value = Vec::new();
+        for name in HOP_FIELDS {
+            value.clear();
+            self.write_value(name, ip.as_bytes(), headers, &mut value);
+            // Always valid: the client's values were, and what is added is visible ASCII.
+            if let Ok(value) = HeaderValue::from_bytes(&value) {
+                headers.insert(name, value);
             }
         }
     }
-    let mut joined = joined.into_bytes();
-    joined.extend_from_slice(&item);
-    set(headers, name, Bytes::from(joined));
+
+    /// Appends the value of `name` (one of [`HOP_FIELDS`]) for a request whose fields are
+    /// `headers`; `ip` is the client's address as text.
+    fn write_value(&self, name: &HeaderName, ip: &[u8], headers: &HeaderMap, out: &mut Vec<u8>) {
+        if self.keep_earlier || name == VIA {
+            for value in headers.get_all(name) {
+                if let Ok(value) = value.to_str() {
+                    let value = value.trim();
+                    if !value.is_empty() {
+                        out.extend_from_slice(value.as_bytes());
+                        out.extend_from_slice(b", ");
+                    }
+                }
+            }
+        }
+        if name == X_FORWARDED_FOR {
+            out.extend_from_slice(ip);
+        } else if name == FORWARDED {
+            out.extend_from_slice(b"for=");
+            match self.client {
+                IpAddr::V4(_) => out.extend_from_slice(ip),
+                IpAddr::V6(_) => {
+                    out.extend_from_slice(b"\"[");
+                    out.extend_from_slice(ip);
+                    out.extend_from_slice(b"]\"");
+                }
+            }
+            let host = headers
+                .get(HOST)
+                .and_then(|h| h.to_str().ok())
+                .filter(|h| !h.is_empty());
+            if let Some(host) = host {
+                // A quoted string (RFC 7239 §4): `"` and `\` escaped.
+                out.extend_from_slice(b";host=\"");
+                let mut rest = host.as_bytes();
+                while let Some(at) = rest.iter().position(|&b| b == b'"' || b == b'\\') {
+                    out.extend_from_slice(&rest[..at]);
+                    out.extend_from_slice(&[b'\\', rest[at]]);
+                    rest = &rest[at + 1..];
+                }
+                out.extend_from_slice(rest);
+                out.push(b'"');
+            }
+            out.extend_from_slice(b";proto=http");
+        } else {
+            out.extend_from_slice(VIA_FLOWGATE.as_bytes());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -352,7 +334,7 @@ mod tests {
             ("x-forwarded-for", "2.2.2.2"),
             ("host", "api.example:8000"),
         ]);
-        add_forwarding(&mut h, "::ffff:192.0.2.7".parse().unwrap(), true);
+        Hop::new("::ffff:192.0.2.7".parse().unwrap(), true).apply(&mut h);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 192.0.2.7");
         assert_eq!(
             h["forwarded"],
@@ -361,23 +343,56 @@ mod tests {
         assert_eq!(h["via"], "1.1 flowgate");
         for ip in ["0.0.0.0", "9.10.99.100", "10.0.100.255", "255.255.255.255"] {
             let mut h = HeaderMap::new();
-            add_forwarding(&mut h, ip.parse().unwrap(), true);
+            Hop::new(ip.parse().unwrap(), true).apply(&mut h);
             assert_eq!(h["x-forwarded-for"], ip);
             assert_eq!(h["forwarded"], format!("for={ip};proto=http"));
         }
         let mut h = headers(&[("host", r#"we"ird\host"#), ("via", "1.0 edge")]);
-        add_forwarding(&mut h, "192.0.2.1".parse().unwrap(), true);
+        Hop::new("192.0.2.1".parse().unwrap(), true).apply(&mut h);
         assert_eq!(
             h["forwarded"],
             r#"for=192.0.2.1;host="we\"ird\\host";proto=http"#
         );
         assert_eq!(h["via"], "1.0 edge, 1.1 flowgate");
         let mut h = headers(&[("forwarded", "for=198.51.100.1")]);
-        add_forwarding(&mut h, "2001:db8::1".parse().unwrap(), true);
+        Hop::new("2001:db8::1".parse().unwrap(), true).apply(&mut h);
         assert_eq!(
             h["forwarded"],
             r#"for=198.51.100.1, for="[2001:db8::1]";proto=http"#
         );
+    }
+
+    #[test]
+    fn an_untrusted_clients_own_hops_are_replaced_and_via_kept() {
+        let mut h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("forwarded", "for=6.6.6.6"),
+            ("via", "1.0 edge"),
+            ("host", "api.example"),
+        ]);
+        let hop = Hop::new("192.0.2.7".parse().unwrap(), false);
+        let mut lines = Vec::new();
+        hop.write_fields(&h, &mut lines);
+        assert_eq!(
+            String::from_utf8(lines).unwrap(),
+            "x-forwarded-for: 192.0.2.7\r\n\
+             forwarded: for=192.0.2.7;host=\"api.example\";proto=http\r\n\
+             via: 1.0 edge, 1.1 flowgate\r\n"
+        );
+        hop.apply(&mut h);
+        assert_eq!(h["x-forwarded-for"], "192.0.2.7");
+        assert_eq!(
+            h["forwarded"],
+            r#"for=192.0.2.7;host="api.example";proto=http"#
+        );
+        assert_eq!(h["via"], "1.0 edge, 1.1 flowgate");
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        for name in ["x-forwarded-for", "Forwarded", "VIA"] {
+            assert!(Hop::writes(
+                &HeaderName::from_bytes(name.as_bytes()).unwrap()
+            ));
+        }
+        assert!(!Hop::writes(&HOST));
     }
 
     #[test]

@@ -12,10 +12,12 @@ use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::TRANSFER_ENCODING;
-use http::header::{CONNECTION, CONTENT_LENGTH, HeaderMap, HeaderName, HeaderValue};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::response;
 use http::{Method, StatusCode, Version};
+
+use super::forward::Hop;
 
 /// The most bytes a response head may take (interim responses included).
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
@@ -39,38 +41,75 @@ pub(crate) enum RequestFraming {
     Chunked,
 }
 
-/// Writes the head of `parts` (origin-form target, HTTP/1.1, the fields as they are) into
-/// `out`, and says how the body that follows is framed: by its `Content-Length` when it has
-/// one, chunked when there is a body without one (`Transfer-Encoding` is hop-by-hop and was
-/// removed), else none.
-pub(crate) fn write_request_head(
-    parts: &Parts,
-    has_body: bool,
-    out: &mut Vec<u8>,
-) -> RequestFraming {
-    out.extend_from_slice(parts.method.as_str().as_bytes());
-    out.push(b' ');
-    match parts.uri.path_and_query().map(|p| p.as_str()) {
-        Some(target) if !target.is_empty() => out.extend_from_slice(target.as_bytes()),
-        _ => out.push(b'/'),
-    }
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
+/// A request head as it goes upstream: written once, and sent again as it is when the
+/// pooled connection it went out on turns out closed (see `pool`).
+#[derive(Debug)]
+pub struct RequestHead {
+    /// The request line and fields.
+    pub bytes: Vec<u8>,
+    /// The method (a response to `HEAD` has no body; only some requests may be replayed).
+    pub(crate) method: Method,
+    /// How the body that follows is framed.
+    pub(crate) framing: RequestFraming,
+}
+
+impl RequestHead {
+    /// The head of `parts` as the upstream gets it: the target in origin form (`/path?query`:
+    /// the upstream is a server, not a proxy), HTTP/1.1, the fields as they are (the
+    /// hop-by-hop ones already removed) but for those `hop` writes anew, `host` when the
+    /// request has no `Host` (an HTTP/1.0 client's), and the framing of the body that follows:
+    /// its `Content-Length` when it has one, chunked when there is a body without one
+    /// (`Transfer-Encoding` is hop-by-hop and was removed), else none.
+    pub fn write(parts: &Parts, hop: &Hop, host: &HeaderValue, has_body: bool) -> Self {
+        let mut out = Vec::with_capacity(HEAD_CAPACITY);
+        out.extend_from_slice(parts.method.as_str().as_bytes());
+        out.push(b' ');
+        match parts.uri.path_and_query().map(|p| p.as_str()) {
+            // An absolute-form target with an empty path: the path is `/` (RFC 9112 §3.2.1).
+            Some(target) if target.starts_with('?') => {
+                out.push(b'/');
+                out.extend_from_slice(target.as_bytes());
+            }
+            Some(target) if !target.is_empty() => out.extend_from_slice(target.as_bytes()),
+            _ => out.push(b'/'),
+        }
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in &parts.headers {
+            if Hop::writes(name) {
+                continue;
+            }
+            write_field(name.as_str(), value.as_bytes(), &mut out);
+        }
+        if !parts.headers.contains_key(HOST) {
+            write_field(HOST.as_str(), host.as_bytes(), &mut out);
+        }
+        hop.write_fields(&parts.headers, &mut out);
+        let framing = if parts.headers.contains_key(CONTENT_LENGTH) {
+            RequestFraming::Length
+        } else if has_body {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            RequestFraming::Chunked
+        } else {
+            RequestFraming::Empty
+        };
         out.extend_from_slice(b"\r\n");
+        RequestHead {
+            bytes: out,
+            method: parts.method.clone(),
+            framing,
+        }
     }
-    let framing = if parts.headers.contains_key(CONTENT_LENGTH) {
-        RequestFraming::Length
-    } else if has_body {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-        RequestFraming::Chunked
-    } else {
-        RequestFraming::Empty
-    };
+}
+
+/// Room for a usual request head, so writing one does not grow its buffer.
+const HEAD_CAPACITY: usize = 512;
+
+/// Appends the field line `name: value`.
+fn write_field(name: &str, value: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
-    framing
 }
 
 /// Appends `data` as one chunk (RFC 9112 §7.1); empty data writes nothing (an empty chunk
@@ -499,32 +538,52 @@ mod tests {
         request
             .headers_mut()
             .insert("host", HeaderValue::from_static("up"));
+        request
+            .headers_mut()
+            .insert("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
         let (parts, ()) = request.into_parts();
-        let mut out = Vec::new();
+        let hop = Hop::new("192.0.2.1".parse().unwrap(), false);
+        let fallback = HeaderValue::from_static("fallback");
+        let hop_lines = "x-forwarded-for: 192.0.2.1\r\n\
+                         forwarded: for=192.0.2.1;host=\"up\";proto=http\r\n\
+                         via: 1.1 flowgate\r\n";
+        let head = RequestHead::write(&parts, &hop, &fallback, true);
+        assert_eq!(head.framing, RequestFraming::Chunked);
+        assert_eq!(head.method, Method::POST);
         assert_eq!(
-            write_request_head(&parts, true, &mut out),
-            RequestFraming::Chunked
+            String::from_utf8(head.bytes).unwrap(),
+            format!(
+                "POST /a/b?c=d HTTP/1.1\r\nhost: up\r\n{hop_lines}transfer-encoding: chunked\r\n\r\n"
+            )
         );
+        let head = RequestHead::write(&parts, &hop, &fallback, false);
+        assert_eq!(head.framing, RequestFraming::Empty);
         assert_eq!(
-            out,
-            b"POST /a/b?c=d HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\n\r\n"
+            String::from_utf8(head.bytes).unwrap(),
+            format!("POST /a/b?c=d HTTP/1.1\r\nhost: up\r\n{hop_lines}\r\n")
         );
-        out.clear();
-        assert_eq!(
-            write_request_head(&parts, false, &mut out),
-            RequestFraming::Empty
-        );
-        assert_eq!(out, b"POST /a/b?c=d HTTP/1.1\r\nhost: up\r\n\r\n");
         let mut parts = parts;
         parts
             .headers
             .insert(CONTENT_LENGTH, HeaderValue::from_static("3"));
-        out.clear();
-        assert_eq!(
-            write_request_head(&parts, true, &mut out),
-            RequestFraming::Length
+        let head = RequestHead::write(&parts, &hop, &fallback, true);
+        assert_eq!(head.framing, RequestFraming::Length);
+        assert!(head.bytes.ends_with(b"content-length: 3\r\nx-forwarded-for: 192.0.2.1\r\nforwarded: for=192.0.2.1;host=\"up\";proto=http\r\nvia: 1.1 flowgate\r\n\r\n"));
+        // No `Host` (an HTTP/1.0 client): the upstream's; `Forwarded` names none.
+        parts.headers.remove(HOST);
+        parts.uri = "http://x".parse().unwrap();
+        let head = RequestHead::write(&parts, &hop, &fallback, true);
+        let text = String::from_utf8(head.bytes).unwrap();
+        assert!(
+            text.starts_with(
+                "POST / HTTP/1.1\r\ncontent-length: 3\r\nhost: fallback\r\n\
+                 x-forwarded-for: 192.0.2.1\r\nforwarded: for=192.0.2.1;proto=http\r\n"
+            ),
+            "{text}"
         );
-        assert!(out.ends_with(b"content-length: 3\r\n\r\n"));
+        parts.uri = "http://x?y=1".parse().unwrap();
+        let head = RequestHead::write(&parts, &hop, &fallback, false);
+        assert!(head.bytes.starts_with(b"POST /?y=1 HTTP/1.1\r\n"));
     }
 
     #[test]

@@ -44,7 +44,8 @@
 pub mod descriptors;
 #[doc(hidden)]
 pub mod forward;
-mod h1;
+#[doc(hidden)]
+pub mod h1;
 mod idle;
 pub mod in_flight;
 #[doc(hidden)]
@@ -346,7 +347,16 @@ impl Gateway {
         keep_earlier: bool,
         head: OnHead,
     ) -> Response<Body> {
-        forward::rewrite_request(&mut parts, peer.ip(), keep_earlier);
+        forward::remove_hop_by_hop(&mut parts.headers);
+        let request_head = self.pool.head(
+            &parts,
+            &forward::Hop::new(peer.ip(), keep_earlier),
+            !http_body::Body::is_end_stream(&body),
+        );
+        // Written: let go now, not when the exchange ends. The request's fields are slices of
+        // the read buffer hyper took them from (8 KiB), which they would hold while the
+        // upstream answers.
+        drop(parts);
         let metrics = &self.upstream_metrics;
         // A body still to come reports its progress: while the gateway waits on the client,
         // the upstream is not late.
@@ -360,7 +370,7 @@ impl Gateway {
         .with_progress(progress.clone());
         let timeout = timeouts.response_head;
         // Pinned here and lent: the exchange's future is large, and moving it costs.
-        let sent = std::pin::pin!(self.pool.send(&mut parts, body));
+        let sent = std::pin::pin!(self.pool.send(&request_head, body));
         let response = match upstream_within(timeout, progress.as_deref(), sent).await {
             Some(Ok(response)) => response,
             Some(Err(e)) => return self.failed(e),

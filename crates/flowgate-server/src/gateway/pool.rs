@@ -29,7 +29,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::header::HOST;
 use http::request::Parts;
 use http::{HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -41,7 +40,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::Upstream;
-use super::h1::{self, Decoder, RequestFraming};
+use super::forward::Hop;
+use super::h1::{self, Decoder, RequestFraming, RequestHead};
 use super::idle::{IdleBody, IdleError};
 use crate::metrics::UpstreamMetrics;
 use crate::tls::MaybeTls;
@@ -189,19 +189,19 @@ impl Conn {
         self.read.is_empty() && self.poll_fill(&mut quiet()).is_pending()
     }
 
-    /// Writes the request `parts` (the head now, then `body` as it comes, framed) while
-    /// watching for the response head, which it returns — the connection marked as not to be
-    /// reused when the upstream answered before the whole request was sent.
+    /// Writes the request (its head now, then its body as it comes, framed) while watching
+    /// for the response head, which it returns — the connection marked as not to be reused
+    /// when the upstream answered before the whole request was sent.
     fn poll_exchange(
         &mut self,
         cx: &mut Context<'_>,
-        sending: &mut Sending,
+        sending: &mut Sending<'_>,
     ) -> Poll<Result<h1::ResponseHead, Failure>> {
         if let Err(failure) = self.poll_send(cx, sending) {
             return Poll::Ready(Err(failure));
         }
         loop {
-            match h1::parse_response(&mut self.read, &sending.method) {
+            match h1::parse_response(&mut self.read, &sending.head.method) {
                 Err(e) => {
                     let e = io::Error::new(io::ErrorKind::InvalidData, e);
                     return Poll::Ready(Err(Failure::Upstream(e)));
@@ -228,16 +228,31 @@ impl Conn {
         }
     }
 
-    /// Writes what can be written now: the buffered bytes, then the body's frames as they come.
-    fn poll_send(&mut self, cx: &mut Context<'_>, sending: &mut Sending) -> Result<(), Failure> {
+    /// Writes what can be written now: the head, the buffered body bytes, then the body's
+    /// frames as they come.
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        sending: &mut Sending<'_>,
+    ) -> Result<(), Failure> {
         loop {
-            while sending.written < self.write.len() {
-                match Pin::new(&mut self.stream).poll_write(cx, &self.write[sending.written..]) {
+            loop {
+                // The head first (from its own buffer: it stays whole, to go again with a
+                // replayed request), then what the write buffer holds.
+                let (bytes, written) = if sending.head_written < sending.head.bytes.len() {
+                    (&sending.head.bytes[..], &mut sending.head_written)
+                } else {
+                    (&self.write[..], &mut sending.written)
+                };
+                if *written == bytes.len() {
+                    break;
+                }
+                match Pin::new(&mut self.stream).poll_write(cx, &bytes[*written..]) {
                     Poll::Ready(Ok(0)) => {
                         return Err(sending.failed(io::ErrorKind::WriteZero.into()));
                     }
                     Poll::Ready(Ok(n)) => {
-                        sending.written += n;
+                        *written += n;
                         sending.started = true;
                     }
                     Poll::Ready(Err(e)) => return Err(sending.failed(e)),
@@ -250,7 +265,7 @@ impl Conn {
             let Some(body) = sending
                 .body
                 .as_mut()
-                .filter(|_| sending.framing != RequestFraming::Empty)
+                .filter(|_| sending.head.framing != RequestFraming::Empty)
             else {
                 return self.poll_flush(cx, sending);
             };
@@ -258,7 +273,7 @@ impl Conn {
                 Poll::Ready(Some(Ok(frame))) => {
                     // Trailers are not forwarded (`Trailer` is hop-by-hop and was removed).
                     if let Ok(data) = frame.into_data() {
-                        match sending.framing {
+                        match sending.head.framing {
                             RequestFraming::Chunked => h1::write_chunk(&data, &mut self.write),
                             _ => self.write.extend_from_slice(&data),
                         }
@@ -266,7 +281,7 @@ impl Conn {
                 }
                 Poll::Ready(Some(Err(e))) => return Err(Failure::Body(e)),
                 Poll::Ready(None) => {
-                    if sending.framing == RequestFraming::Chunked {
+                    if sending.head.framing == RequestFraming::Chunked {
                         self.write.extend_from_slice(h1::LAST_CHUNK);
                     }
                     sending.body = None;
@@ -277,7 +292,11 @@ impl Conn {
     }
 
     /// Flushes what the stream holds (TLS records; nothing for TCP).
-    fn poll_flush(&mut self, cx: &mut Context<'_>, sending: &mut Sending) -> Result<(), Failure> {
+    fn poll_flush(
+        &mut self,
+        cx: &mut Context<'_>,
+        sending: &mut Sending<'_>,
+    ) -> Result<(), Failure> {
         match Pin::new(&mut self.stream).poll_flush(cx) {
             Poll::Ready(Err(e)) => Err(sending.failed(e)),
             _ => Ok(()),
@@ -286,14 +305,14 @@ impl Conn {
 }
 
 /// A request on its way up.
-struct Sending {
-    /// Its method (a response to `HEAD` has no body).
-    method: http::Method,
-    /// How its body is framed.
-    framing: RequestFraming,
+struct Sending<'a> {
+    /// Its head: method, bytes, and how the body is framed.
+    head: &'a RequestHead,
+    /// How much of the head is written.
+    head_written: usize,
     /// Its body, until it has ended.
     body: Option<RequestBody>,
-    /// How much of the write buffer is written.
+    /// How much of the write buffer (the body's bytes) is written.
     written: usize,
     /// Whether any byte has been written.
     started: bool,
@@ -305,10 +324,12 @@ struct Sending {
     heard: bool,
 }
 
-impl Sending {
+impl Sending<'_> {
     /// Whether the whole request has been written (`buffered`: the write buffer is empty).
     fn whole(&self, buffered: bool) -> bool {
-        buffered && (self.body.is_none() || self.framing == RequestFraming::Empty)
+        self.head_written == self.head.bytes.len()
+            && buffered
+            && (self.body.is_none() || self.head.framing == RequestFraming::Empty)
     }
 
     /// The failure a broken connection is: the request comes back when none of it was
@@ -379,18 +400,20 @@ impl Pool {
         Pool { shared }
     }
 
-    /// Sends the request `parts` (origin-form URI; lent, not moved: they are large) with
-    /// `body` on a pooled connection — or a new one when none is idle or those tried were
-    /// found closed before the request was written — and returns the response head; the body
-    /// streams from the connection as it is read.
+    /// The head `parts` are sent upstream with (see [`RequestHead::write`]; the upstream's
+    /// authority as `Host` when the request has none).
+    pub(crate) fn head(&self, parts: &Parts, hop: &Hop, has_body: bool) -> RequestHead {
+        RequestHead::write(parts, hop, &self.shared.host, has_body)
+    }
+
+    /// Sends the request (`head`, then `body`) on a pooled connection — or a new one when none
+    /// is idle or those tried were found closed before the request was written — and returns
+    /// the response head; the body streams from the connection as it is read.
     pub(crate) async fn send(
         &self,
-        parts: &mut Parts,
+        head: &RequestHead,
         mut body: RequestBody,
     ) -> Result<Response<UpstreamBody>, SendError> {
-        if !parts.headers.contains_key(HOST) {
-            parts.headers.insert(HOST, self.shared.host.clone());
-        }
         let mut stale = 0;
         let mut deadline = None;
         let slot = loop {
@@ -405,7 +428,7 @@ impl Pool {
             if stale < MAX_STALE
                 && let Some(conn) = self.shared.checkout()
             {
-                match self.exchange(conn, true, parts, body).await {
+                match self.exchange(conn, true, head, body).await {
                     Exchanged::Answered(response) => return Ok(response),
                     Exchanged::Failed(e) => return Err(e),
                     Exchanged::Unsent(back) => {
@@ -438,7 +461,7 @@ impl Pool {
             }
         };
         let conn = self.connect(slot).await?;
-        match self.exchange(conn, false, parts, body).await {
+        match self.exchange(conn, false, head, body).await {
             Exchanged::Answered(response) => Ok(response),
             Exchanged::Failed(e) => Err(e),
             Exchanged::Unsent(_) => Err(SendError::Connect(io::Error::new(
@@ -453,20 +476,20 @@ impl Pool {
         &self,
         mut conn: Conn,
         pooled: bool,
-        parts: &Parts,
+        head: &RequestHead,
         body: RequestBody,
     ) -> Exchanged {
         conn.write.clear();
-        let has_body = !body.is_end_stream();
-        let framing = h1::write_request_head(parts, has_body, &mut conn.write);
         let mut sending = Sending {
-            method: parts.method.clone(),
-            framing,
+            head,
+            head_written: 0,
             // Kept when empty too (polling it ends at once): an unsent request is given back.
             body: Some(body),
             written: 0,
             started: false,
-            replayable: pooled && parts.method.is_idempotent() && framing == RequestFraming::Empty,
+            replayable: pooled
+                && head.method.is_idempotent()
+                && head.framing == RequestFraming::Empty,
             heard: false,
         };
         match poll_fn(|cx| conn.poll_exchange(cx, &mut sending)).await {

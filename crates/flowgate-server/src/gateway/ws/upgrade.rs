@@ -287,7 +287,7 @@ async fn connect_upstream(
     }
     // Earlier hops only from a trusted proxy: a client's own X-Forwarded-For is replaced.
     let trusted = runtime.config.client_ip.is_trusted(peer.ip());
-    forward::add_forwarding(&mut headers, peer.ip(), trusted);
+    forward::Hop::new(peer.ip(), trusted).apply(&mut headers);
     if !headers.contains_key(HOST)
         && let Ok(host) = HeaderValue::from_str(upstream.authority.as_str())
     {

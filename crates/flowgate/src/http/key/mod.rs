@@ -29,7 +29,7 @@ use http::StatusCode;
 use http::request::Parts;
 
 pub use header::{DEFAULT_HEADER_MAX_LEN, Header};
-pub use ip::{ClientIp, ForwardedHeader, PeerAddr, PeerIp, X_FORWARDED_FOR, push_ip};
+pub use ip::{ClientIp, ForwardedHeader, IpText, PeerAddr, PeerIp, X_FORWARDED_FOR, push_ip};
 #[cfg(feature = "jwt")]
 pub use jwt::{DEFAULT_JWT_MAX_LEN, Jwt, JwtClaim};
 pub use route::{Route, RouteError, UNMATCHED_ROUTE};
