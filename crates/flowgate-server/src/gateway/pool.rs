@@ -147,7 +147,8 @@ struct Conn {
     stream: UpstreamStream,
     /// What has been read and not yet taken (response bodies are slices of it).
     read: BytesMut,
-    /// The request head and body bytes being written (kept for the next request's).
+    /// The request body's bytes being written, framed (kept for the next request's; the head
+    /// goes from its own buffer, `RequestHead`).
     write: Vec<u8>,
     /// When it last went idle.
     idle_since: Instant,
