@@ -164,6 +164,8 @@ pub fn check_host(parts: &mut Parts) -> Result<(), (StatusCode, &'static str)> {
 pub struct Hop {
     /// The client's address (an IPv4-mapped IPv6 address as IPv4).
     client: IpAddr,
+    /// Its text.
+    ip: IpText,
     /// Whether the client's `X-Forwarded-For` and `Forwarded` entries are kept.
     keep_earlier: bool,
 }
@@ -178,39 +180,34 @@ impl Hop {
     /// The hop of a request from `client`; `keep_earlier` keeps the client's own
     /// `X-Forwarded-For` and `Forwarded` entries ahead of this hop's.
     pub fn new(client: IpAddr, keep_earlier: bool) -> Self {
+        let client = client.to_canonical();
         Hop {
-            client: client.to_canonical(),
+            client,
+            ip: IpText::new(client),
             keep_earlier,
         }
     }
 
-    /// Whether the client's field `name` is one this hop writes anew (from the client's
-    /// lines and its own entry): `X-Forwarded-For`, `Forwarded` and `Via`. A head writer
-    /// leaves the client's lines out and calls [`Hop::write_fields`].
-    pub fn writes(name: &HeaderName) -> bool {
-        HOP_FIELDS.contains(&name)
+    /// The fields this hop writes, in the order it writes them: `X-Forwarded-For`,
+    /// `Forwarded`, `Via`.
+    pub fn fields() -> &'static [&'static HeaderName; 3] {
+        &HOP_FIELDS
     }
 
-    /// Appends the three fields as HTTP/1 field lines (`name: value\r\n`) for a request
-    /// whose own fields are `headers`.
-    pub fn write_fields(&self, headers: &HeaderMap, out: &mut Vec<u8>) {
-        let ip = IpText::new(self.client);
-        for name in HOP_FIELDS {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            self.write_value(name, ip.as_bytes(), headers, out);
-            out.extend_from_slice(b"\r\n");
-        }
+    /// Whether the client's field `name` is one this hop writes anew (from the client's
+    /// lines and its own entry): `X-Forwarded-For`, `Forwarded` and `Via`. A head writer
+    /// leaves the client's lines out and writes [`Hop::fields`] with [`Hop::write_value`].
+    pub fn writes(name: &HeaderName) -> bool {
+        HOP_FIELDS.contains(&name)
     }
 
     /// Sets the three fields in `headers`, replacing their earlier lines: for a head another
     /// writer sends (the WebSocket gateway's handshake, through hyper's client).
     pub fn apply(&self, headers: &mut HeaderMap) {
-        let ip = IpText::new(self.client);
         let mut value = Vec::new();
         for name in HOP_FIELDS {
             value.clear();
-            self.write_value(name, ip.as_bytes(), headers, &mut value);
+            self.write_value(name, headers, &mut value);
             // Always valid: the client's values were, and what is added is visible ASCII.
             if let Ok(value) = HeaderValue::from_bytes(&value) {
                 headers.insert(name, value);
@@ -218,9 +215,10 @@ impl Hop {
         }
     }
 
-    /// Appends the value of `name` (one of [`HOP_FIELDS`]) for a request whose fields are
-    /// `headers`; `ip` is the client's address as text.
-    fn write_value(&self, name: &HeaderName, ip: &[u8], headers: &HeaderMap, out: &mut Vec<u8>) {
+    /// Appends the value of `name` (one of [`Hop::fields`]) for a request whose own fields
+    /// are `headers`.
+    pub fn write_value(&self, name: &HeaderName, headers: &HeaderMap, out: &mut Vec<u8>) {
+        let ip = self.ip.as_bytes();
         if self.keep_earlier || name == VIA {
             for value in headers.get_all(name) {
                 if let Ok(value) = value.to_str() {
@@ -371,13 +369,21 @@ mod tests {
             ("host", "api.example"),
         ]);
         let hop = Hop::new("192.0.2.7".parse().unwrap(), false);
-        let mut lines = Vec::new();
-        hop.write_fields(&h, &mut lines);
+        let values: Vec<String> = Hop::fields()
+            .iter()
+            .map(|name| {
+                let mut value = Vec::new();
+                hop.write_value(name, &h, &mut value);
+                format!("{name}: {}", String::from_utf8(value).unwrap())
+            })
+            .collect();
         assert_eq!(
-            String::from_utf8(lines).unwrap(),
-            "x-forwarded-for: 192.0.2.7\r\n\
-             forwarded: for=192.0.2.7;host=\"api.example\";proto=http\r\n\
-             via: 1.0 edge, 1.1 flowgate\r\n"
+            values,
+            [
+                "x-forwarded-for: 192.0.2.7",
+                r#"forwarded: for=192.0.2.7;host="api.example";proto=http"#,
+                "via: 1.0 edge, 1.1 flowgate",
+            ]
         );
         hop.apply(&mut h);
         assert_eq!(h["x-forwarded-for"], "192.0.2.7");

@@ -78,12 +78,20 @@ impl RequestHead {
             if Hop::writes(name) {
                 continue;
             }
-            write_field(name.as_str(), value.as_bytes(), &mut out);
+            write_field(name, &mut out, |out| {
+                out.extend_from_slice(value.as_bytes())
+            });
         }
         if !parts.headers.contains_key(HOST) {
-            write_field(HOST.as_str(), host.as_bytes(), &mut out);
+            write_field(&HOST, &mut out, |out| {
+                out.extend_from_slice(host.as_bytes())
+            });
         }
-        hop.write_fields(&parts.headers, &mut out);
+        for name in Hop::fields() {
+            write_field(name, &mut out, |out| {
+                hop.write_value(name, &parts.headers, out);
+            });
+        }
         let framing = if parts.headers.contains_key(CONTENT_LENGTH) {
             RequestFraming::Length
         } else if has_body {
@@ -104,11 +112,11 @@ impl RequestHead {
 /// Room for a usual request head, so writing one does not grow its buffer.
 const HEAD_CAPACITY: usize = 512;
 
-/// Appends the field line `name: value`.
-fn write_field(name: &str, value: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(name.as_bytes());
+/// Appends the field line `name: value`, the value written by `value`.
+fn write_field(name: &HeaderName, out: &mut Vec<u8>, value: impl FnOnce(&mut Vec<u8>)) {
+    out.extend_from_slice(name.as_str().as_bytes());
     out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
+    value(out);
     out.extend_from_slice(b"\r\n");
 }
 
