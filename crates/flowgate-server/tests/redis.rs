@@ -447,6 +447,8 @@ fn the_binary_counts_in_redis_with_the_redis_flag_and_refuses_to_start_without_i
     let serving = Serving::start(
         std::process::Command::new(FLOWGATE)
             .args(["serve", "--redis", &redis.url()])
+            // Not the 50 ms default: on a loaded test machine the check must reach Redis.
+            .args(["--redis-timeout", "5s"])
             .args(["--fail", "local", "--instances", "3"])
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .stdout(std::process::Stdio::null()),

@@ -444,6 +444,8 @@ fn serve_counts_in_redis_over_tls_and_answers_over_https() {
             .args(["serve", "--config", &s(&config), "--drain-period", "0s"])
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(["--redis", &redis_url, "--redis-ca-file", &s(&ca)])
+            // Not the 50 ms default: a TLS handshake on a loaded test machine can take longer.
+            .args(["--redis-timeout", "5s"])
             .args(["--tls-cert", &s(&cert), "--tls-key", &s(&key)])
             .args(["--tls-listeners", "http"])
             .stdout(std::process::Stdio::null()),

@@ -402,7 +402,10 @@ fn export_writes_a_redis_stores_usage_as_csv_and_json_lines() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut serving = serve(dir.path(), &["--redis", &redis.url()]);
+    let mut serving = serve(
+        dir.path(),
+        &["--redis", &redis.url(), "--redis-timeout", "5s"],
+    );
     requests_then_export(&serving);
     let _ = serving.child.kill();
     serving.wait_exit(Duration::from_secs(10));
@@ -416,7 +419,8 @@ fn export_writes_a_redis_clusters_usage_from_every_master() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut serving = serve(dir.path(), &["--redis", &cluster.urls().join(",")]);
+    let urls = cluster.urls().join(",");
+    let mut serving = serve(dir.path(), &["--redis", &urls, "--redis-timeout", "5s"]);
     requests_then_export(&serving);
     let _ = serving.child.kill();
     serving.wait_exit(Duration::from_secs(10));

@@ -275,6 +275,7 @@ mod redis {
         // Another prefix's keys are not ours.
         let other = RedisStore::builder(server.url())
             .prefix("u:")
+            .timeout(Duration::from_secs(2))
             .connect()
             .await
             .unwrap();

@@ -294,6 +294,7 @@ async fn keys_expire_when_idle_and_live_in_one_slot_per_limit() {
     };
     let store = RedisStore::builder(server.url())
         .prefix("t:")
+        .timeout(Duration::from_secs(2))
         .connect()
         .await
         .unwrap();

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
+use std::time::Duration;
 
 use flowgate::store::{Ask, RedisStore, Store};
 use flowgate::{Algorithm, Quota};
@@ -32,6 +33,11 @@ fn tls_args(dir: &Path, pki: &Pki, clients_need_certificates: bool) -> Vec<Strin
         .into(),
     ]
 }
+
+/// Each call's timeout: the store's default (50 ms) is a production figure; a TLS handshake to
+/// a cluster node the client meets first, on a 2-core machine running the whole suite, can
+/// take longer, and a test must not fail on how busy the machine is.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn rediss(server: &RedisServer) -> String {
     format!("rediss://localhost:{}", server.tls_port.unwrap())
@@ -64,6 +70,7 @@ async fn a_single_server_over_tls_counts_and_an_untrusted_certificate_is_refused
     };
     let store = RedisStore::builder(rediss(&server))
         .tls_roots(pki.ca_pem())
+        .timeout(CALL_TIMEOUT)
         .connect()
         .await
         .unwrap();
@@ -104,6 +111,7 @@ async fn a_server_that_requires_client_certificates_accepts_only_a_client_with_o
     let store = RedisStore::builder(rediss(&server))
         .tls_roots(pki.ca_pem())
         .tls_client_certificate(client.cert_pem, client.key_pem)
+        .timeout(CALL_TIMEOUT)
         .connect()
         .await
         .unwrap();
@@ -125,6 +133,7 @@ async fn a_redis_cluster_over_tls_counts_on_every_node() {
     let urls: Vec<String> = cluster.nodes.iter().map(rediss).collect();
     let store = RedisStore::cluster_builder(urls)
         .tls_roots(pki.ca_pem())
+        .timeout(CALL_TIMEOUT)
         .connect()
         .await
         .unwrap();
