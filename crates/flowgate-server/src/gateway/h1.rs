@@ -9,6 +9,7 @@
 //! response, and a chunk's size line, its closing CRLF and the trailer section are checked.
 
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::TRANSFER_ENCODING;
@@ -16,6 +17,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderMap, HeaderName, Head
 use http::request::Parts;
 use http::response;
 use http::{Method, StatusCode, Version};
+use smallvec::SmallVec;
 
 use super::forward::Hop;
 
@@ -239,12 +241,18 @@ pub(crate) fn parse_response(
             Some(0) => Version::HTTP_10,
             _ => Version::HTTP_11,
         };
-        // Names now; values once the head's bytes are frozen, as slices of them.
+        // Names now; values once the head's bytes are frozen, as slices of them. On the
+        // stack: a head with more fields than a typical one spills to the heap.
         let start = buf.as_ptr() as usize;
-        let mut fields = Vec::with_capacity(head.headers.len());
+        let mut fields = SmallVec::<[(HeaderName, Range<usize>); 16]>::new();
+        // `Content-Length` given as a list or in several fields (passed on as one, below).
+        let mut lengths = 0;
         for field in head.headers.iter() {
             let name =
                 HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| MessageError::Field)?;
+            if name == CONTENT_LENGTH {
+                lengths += 1 + usize::from(field.value.contains(&b','));
+            }
             // A value is a slice of `buf` (an empty one may point anywhere: it takes none).
             let at = match field.value.is_empty() {
                 true => 0,
@@ -255,7 +263,7 @@ pub(crate) fn parse_response(
         let bytes = buf.split_to(length).freeze();
         let mut headers = HeaderMap::with_capacity(fields.len());
         let mut persistence = Persistence::default();
-        for (name, value) in fields {
+        for (name, value) in fields.drain(..) {
             if name == CONNECTION && persistence.read(&bytes[value.clone()]) {
                 // Only about this connection: not kept (it would be removed as hop-by-hop).
                 continue;
@@ -266,7 +274,7 @@ pub(crate) fn parse_response(
         }
         let (framing, keep_alive) = framing(request, status, version, persistence, &headers)?;
         if let Framing::Length(length) = framing
-            && repeated(&headers)
+            && lengths > 1
         {
             // `5, 5` or two fields of `5`: passed on as the one length they agree on.
             headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
@@ -366,15 +374,6 @@ impl Persistence {
         }
         only_persistence
     }
-}
-
-/// Whether `Content-Length` came as a list or in several fields.
-fn repeated(headers: &HeaderMap) -> bool {
-    let mut values = headers.get_all(CONTENT_LENGTH).iter();
-    values
-        .next()
-        .is_some_and(|value| value.as_bytes().contains(&b','))
-        || values.next().is_some()
 }
 
 /// Where a response body's decoding is.
