@@ -267,6 +267,44 @@ impl Service {
             self.rls.modes,
         )
         .await;
+        self.record(active, api, domain, descriptors, &verdict, started);
+        verdict
+    }
+
+    /// [`decide`](Self::decide) when the store answers at once
+    /// ([`check_now`](flowgate::envoy::check_now): the embedded store does); `None` when it
+    /// must be waited for — then nothing was counted, and [`decide`](Self::decide) it is.
+    pub fn decide_now<'a>(
+        &self,
+        active: &'a Active,
+        api: Api,
+        domain: &str,
+        descriptors: &[Descriptor],
+        hits_addend: u64,
+    ) -> Option<Verdict<'a>> {
+        let started = Instant::now();
+        let verdict = flowgate::envoy::check_now(
+            &active.policy.rules,
+            self.backend.store(),
+            domain,
+            descriptors,
+            hits_addend,
+            self.rls.modes,
+        )?;
+        self.record(active, api, domain, descriptors, &verdict, started);
+        Some(verdict)
+    }
+
+    /// The metrics of one decision: each limit's series, the denied keys, the latency.
+    fn record(
+        &self,
+        active: &Active,
+        api: Api,
+        domain: &str,
+        descriptors: &[Descriptor],
+        verdict: &Verdict<'_>,
+        started: Instant,
+    ) {
         if verdict.shadowed {
             self.metrics.global_shadow_mode();
         }
@@ -284,7 +322,6 @@ impl Service {
         }
         self.metrics
             .observe_latency(api, started.elapsed().as_secs_f64());
-        verdict
     }
 
     /// Whether the store answers within `timeout` (a zero-cost peek of a probe key; a shared

@@ -155,26 +155,35 @@ pub(crate) fn need_peer(config: &GatewayConfig) -> bool {
         .any(|entry| matches!(entry.source, crate::config::gateway::Source::RemoteAddress))
 }
 
-/// Takes a lease of every `in_flight` item of `config` for the request `parts`; on a refusal,
-/// the leases already taken are given back first.
+/// The value keying each `in_flight` item of `config` for the request `parts`, by the item's
+/// index (an item whose value the request lacks takes no lease): read while the request's head
+/// is at hand, before any lease is taken ([`acquire`]). No allocation when there are none.
+pub(crate) fn keys(
+    config: &GatewayConfig,
+    parts: &Parts,
+) -> Result<Vec<(usize, String)>, KeyRejection> {
+    let mut keys = Vec::new();
+    for (i, item) in config.in_flight.iter().enumerate() {
+        if let Some(value) = key_of(config, &item.key, parts)? {
+            keys.push((i, value));
+        }
+    }
+    Ok(keys)
+}
+
+/// Takes a lease of every `in_flight` item of `config` that [`keys`] (of the same `config`)
+/// found a value for; on a refusal, the leases already taken are given back first.
 pub(crate) async fn acquire(
     service: &Arc<Service>,
     config: &GatewayConfig,
-    parts: &Parts,
+    keys: Vec<(usize, String)>,
 ) -> Result<Held, Refusal> {
     let mut held = Held {
         service: service.clone(),
-        leases: Vec::with_capacity(config.in_flight.len()),
+        leases: Vec::with_capacity(keys.len()),
     };
-    for item in &config.in_flight {
-        let value = match key_of(config, &item.key, parts) {
-            Ok(Some(value)) => value,
-            Ok(None) => continue,
-            Err(rejection) => {
-                held.give_back().await;
-                return Err(Refusal::Rejected(rejection));
-            }
-        };
+    for (i, value) in keys {
+        let item = &config.in_flight[i];
         let key = flowgate::lease::key(&item.name, &value);
         let terms = item.limit.terms;
         match service.backend().leases().acquire(&key, &terms).await {

@@ -66,7 +66,6 @@ use bytes::Bytes;
 use flowgate::answer::problem::Problem;
 use flowgate::answer::{Answer, AnswerKind, Rendered};
 use flowgate::http::key::PeerAddr;
-use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -174,41 +173,70 @@ impl Gateway {
         self
     }
 
-    /// Answers one request from `peer`.
-    pub async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
-        if !self.access_log {
-            return self.answer(peer, request).await;
+    /// The first half of answering a request from `peer` (the second is
+    /// [`finish`](Self::finish)): everything that needs the request's head, done at once —
+    /// called where hyper hands the request over, before its future is first polled. The
+    /// head's fields are slices of hyper's read buffer, and hyper, as soon as it has handed a
+    /// request over, reads ahead on the connection (to notice a client that goes away): while
+    /// the head is alive, that read needs a new 8 KiB buffer; once it is let go, the buffer is
+    /// reused. So here the request is checked and keyed, decided when the store answers at
+    /// once (a refusal is answered without more), and written as the upstream gets it; its
+    /// head is dropped, and what is left is owned.
+    pub fn prepare(&self, peer: SocketAddr, request: Request<Incoming>) -> Prepared {
+        let log = self.access_log.then(|| AccessLog {
+            started: std::time::Instant::now(),
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            peer,
+        });
+        Prepared {
+            step: self.take_apart(peer, request),
+            log,
         }
-        let started = std::time::Instant::now();
-        let method = request.method().clone();
-        let path = request.uri().path().to_owned();
-        let response = self.answer(peer, request).await;
-        tracing::info!(
-            target: "flowgate::access",
-            %peer,
-            %method,
-            path,
-            status = response.status().as_u16(),
-            head_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "request"
-        );
+    }
+
+    /// Decides a [`prepare`](Self::prepare)d request and forwards it, or answers for it.
+    pub async fn finish(&self, prepared: Prepared) -> Response<Body> {
+        let response = match prepared.step {
+            Step::Answered(response) => response,
+            Step::Decide(undecided) => self.decide(undecided).await,
+            // Boxed: the exchange with the upstream is most of this future's size, and the
+            // future is moved several times on its way into the connection's task (memcpy,
+            // measured with callgrind); one allocation costs less, and a refused request does
+            // not make it.
+            Step::Forward(allowed) => Box::pin(self.forward(allowed)).await,
+        };
+        if let Some(log) = prepared.log {
+            tracing::info!(
+                target: "flowgate::access",
+                peer = %log.peer,
+                method = %log.method,
+                path = log.path,
+                status = response.status().as_u16(),
+                head_ms = log.started.elapsed().as_secs_f64() * 1000.0,
+                "request"
+            );
+        }
         response
     }
 
-    /// [`Gateway::handle`] without the access log.
-    async fn answer(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+    /// The request checked and keyed, its upstream head written; or the answer to a request
+    /// that is malformed or cannot be keyed.
+    fn take_apart(&self, peer: SocketAddr, request: Request<Incoming>) -> Step {
         let (mut parts, body) = request.into_parts();
         if parts.method == http::Method::CONNECT {
-            return self.problem(
+            return Step::Answered(self.problem(
                 GatewayOutcome::Rejected,
                 Problem::status(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "the gateway is a reverse proxy; CONNECT tunnels are not supported",
                 ),
-            );
+            ));
         }
         if let Err((status, detail)) = forward::check_host(&mut parts) {
-            return self.problem(GatewayOutcome::Rejected, Problem::status(status, detail));
+            return Step::Answered(
+                self.problem(GatewayOutcome::Rejected, Problem::status(status, detail)),
+            );
         }
         // Keyed and forwarded alike: the upstream sees the path the limits saw.
         path::normalise_uri(&mut parts.uri);
@@ -222,24 +250,89 @@ impl Gateway {
         let mut descriptors = match descriptors::of_request(config, &parts) {
             Ok(descriptors) => descriptors,
             Err(rejection) => {
-                return self.problem(
+                return Step::Answered(self.problem(
                     GatewayOutcome::Rejected,
                     Problem::status(rejection.status, rejection.detail),
+                ));
+            }
+        };
+        let in_flight = match in_flight::keys(config, &parts) {
+            Ok(keys) => keys,
+            Err(rejection) => {
+                return Step::Answered(
+                    self.refuse_in_flight(in_flight::Refusal::Rejected(rejection)),
                 );
             }
         };
+        let usage = self.usage(&active, config, &mut descriptors);
+        // Decided here when it can be — no in-flight lease to take first, and a store that
+        // answers at once: a refused request is answered without its upstream head written.
+        let mut answer = None;
+        if in_flight.is_empty() && !descriptors.is_empty() {
+            let now =
+                self.service
+                    .decide_now(&active, Api::Gateway, &config.domain, &descriptors, 1);
+            if let Some(verdict) = now {
+                let decided = active.answer(&verdict);
+                if !decided.allowed() {
+                    return Step::Answered(self.refuse(decided));
+                }
+                answer = Some(decided);
+            }
+        }
+        let decided = answer.is_some() || (in_flight.is_empty() && descriptors.is_empty());
+        let keep_earlier =
+            config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
+        let timeouts = Timeouts {
+            response_head: config.upstream_timeout,
+            body_idle: config.body_idle_timeout,
+        };
+        forward::remove_hop_by_hop(&mut parts.headers);
+        let head = self.pool.head(
+            &parts,
+            &forward::Hop::new(peer.ip(), keep_earlier),
+            !http_body::Body::is_end_stream(&body),
+        );
+        let allowed = Allowed {
+            on_head: OnHead {
+                answer,
+                usage,
+                lease: None,
+            },
+            timeouts,
+            head,
+            body,
+        };
+        if decided {
+            return Step::Forward(allowed);
+        }
+        Step::Decide(Box::new(Undecided {
+            active,
+            descriptors,
+            in_flight,
+            allowed,
+        }))
+    }
+
+    /// Takes the in-flight leases and asks the rate limits; forwards what they allow.
+    async fn decide(&self, undecided: Box<Undecided>) -> Response<Body> {
+        let Undecided {
+            active,
+            descriptors,
+            in_flight,
+            mut allowed,
+        } = *undecided;
+        let config = active.policy.gateway.as_ref().unwrap_or(&self.fallback);
         // In-flight leases first (see `in_flight`: no rate-limit unit is spent on a request
-        // refused for concurrency); one branch when there are none.
-        let held = if config.in_flight.is_empty() {
+        // refused for concurrency).
+        let held = if in_flight.is_empty() {
             None
         } else {
-            match in_flight::acquire(&self.service, config, &parts).await {
+            match in_flight::acquire(&self.service, config, in_flight).await {
                 Ok(held) => Some(held),
                 Err(refusal) => return self.refuse_in_flight(refusal),
             }
         };
-        let usage = self.usage(&active, config, &mut descriptors);
-        let mut answer = None;
         if !descriptors.is_empty() {
             let verdict = self
                 .service
@@ -253,25 +346,12 @@ impl Gateway {
                 }
                 return self.refuse(decided);
             }
-            answer = Some(decided);
+            allowed.on_head.answer = Some(decided);
         }
-        let lease = held.and_then(in_flight::Held::keep);
-        let timeouts = Timeouts {
-            response_head: config.upstream_timeout,
-            body_idle: config.body_idle_timeout,
-        };
-        let keep_earlier =
-            config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
+        allowed.on_head.lease = held.and_then(in_flight::Held::keep);
         drop(active);
-        let head = OnHead {
-            answer,
-            usage,
-            lease,
-        };
-        // Boxed: the exchange with the upstream is most of this future's size, and the future
-        // is moved several times on its way into the connection's task (memcpy, measured with
-        // callgrind); one allocation costs less, and a refused request does not make it.
-        Box::pin(self.forward(peer, parts, body, timeouts, keep_earlier, head)).await
+        // Boxed: see `finish`.
+        Box::pin(self.forward(allowed)).await
     }
 
     /// With a `usage_header` or `usage_json`, the descriptors whose rule charges
@@ -337,26 +417,15 @@ impl Gateway {
         response
     }
 
-    /// Sends the request upstream and streams the response back with the answer's fields added.
-    async fn forward(
-        &self,
-        peer: SocketAddr,
-        mut parts: Parts,
-        body: Incoming,
-        timeouts: Timeouts,
-        keep_earlier: bool,
-        head: OnHead,
-    ) -> Response<Body> {
-        forward::remove_hop_by_hop(&mut parts.headers);
-        let request_head = self.pool.head(
-            &parts,
-            &forward::Hop::new(peer.ip(), keep_earlier),
-            !http_body::Body::is_end_stream(&body),
-        );
-        // Written: let go now, not when the exchange ends. The request's fields are slices of
-        // the read buffer hyper took them from (8 KiB), which they would hold while the
-        // upstream answers.
-        drop(parts);
+    /// Sends an allowed request (its head written by [`take_apart`](Self::take_apart)) upstream
+    /// and streams the response back with the answer's fields added.
+    async fn forward(&self, allowed: Allowed) -> Response<Body> {
+        let Allowed {
+            on_head: head,
+            timeouts,
+            head: request_head,
+            body,
+        } = allowed;
         let metrics = &self.upstream_metrics;
         // A body still to come reports its progress: while the gateway waits on the client,
         // the upstream is not late.
@@ -504,6 +573,69 @@ async fn upstream_within<F: Future>(
     }
 }
 
+/// A request [`Gateway::prepare`] took apart: no longer holding hyper's read buffer.
+#[derive(Debug)]
+pub struct Prepared {
+    /// What is left to do.
+    step: Step,
+    /// What the access log records, when it is on.
+    log: Option<AccessLog>,
+}
+
+/// What is left of a request once its head is let go.
+// `Forward`, the large variant, is the common one: boxing it would cost every forwarded request
+// an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Step {
+    /// Answered already: malformed, not to be keyed, or refused.
+    Answered(Response<Body>),
+    /// To decide (in-flight leases to take first, or a store that must be waited for), then
+    /// to forward if allowed (boxed: not the common case, and large).
+    Decide(Box<Undecided>),
+    /// Allowed: to forward.
+    Forward(Allowed),
+}
+
+/// A request still to decide: all it needs, owned.
+#[derive(Debug)]
+struct Undecided {
+    /// The configuration it was keyed under (the same one decides it).
+    active: Arc<crate::api::Active>,
+    /// Its descriptors.
+    descriptors: Vec<flowgate::envoy::Descriptor>,
+    /// Its in-flight keys ([`in_flight::keys`]).
+    in_flight: Vec<(usize, String)>,
+    /// The request, to forward if it is allowed (the answer and leases still to add).
+    allowed: Allowed,
+}
+
+/// A request to forward.
+#[derive(Debug)]
+struct Allowed {
+    /// What its response head gets.
+    on_head: OnHead,
+    /// Its time limits.
+    timeouts: Timeouts,
+    /// Its head as the upstream gets it.
+    head: h1::RequestHead,
+    /// Its body, still to come from the client.
+    body: Incoming,
+}
+
+/// One request's line in the access log, begun when its head arrived.
+#[derive(Debug)]
+struct AccessLog {
+    /// When the head was handed over.
+    started: std::time::Instant,
+    /// The method.
+    method: http::Method,
+    /// The path, without the query (which may hold tokens).
+    path: String,
+    /// The client.
+    peer: SocketAddr,
+}
+
 /// What happens when the upstream's response head arrives.
 #[derive(Debug)]
 struct OnHead {
@@ -541,7 +673,9 @@ pub async fn serve(
         let gateway = gateway.clone();
         let service = service_fn(move |request| {
             let gateway = gateway.clone();
-            async move { Ok::<_, Infallible>(gateway.handle(peer, request).await) }
+            // Here, before the future is polled: see `Gateway::prepare`.
+            let prepared = gateway.prepare(peer, request);
+            async move { Ok::<_, Infallible>(gateway.finish(prepared).await) }
         });
         http.serve_connection(TokioIo::new(stream), service)
     })

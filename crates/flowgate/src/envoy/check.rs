@@ -185,37 +185,12 @@ pub async fn check_with<'r, S: Store + ?Sized>(
     hits_addend: u64,
     modes: Modes,
 ) -> Verdict<'r> {
-    let resolved = match resolve(rules, domain, descriptors, hits_addend) {
-        Ok(resolved) => resolved,
-        Err(e) => {
-            let request_hits = hits_addend.max(1);
-            let failed = |d: &Descriptor| DescriptorVerdict {
-                applied: None,
-                status: Status::Counted(Err(StoreError::Backend(format!(
-                    "invalid limit override: {e}"
-                )))),
-                hits: d.hits_addend.unwrap_or(request_hits),
-                charge: false,
-                enforced: !modes.shadow_mode,
-                others: Vec::new(),
-            };
-            return Verdict {
-                allowed: modes.shadow_mode,
-                shadowed: modes.shadow_mode,
-                descriptors: descriptors.iter().map(failed).collect(),
-            };
-        }
+    let plan = match Plan::of(rules, domain, descriptors, hits_addend, modes) {
+        Ok(plan) => plan,
+        Err(verdict) => return verdict,
     };
-    let plan = Plan::new(resolved, descriptors.len(), modes);
-    if let [only] = plan.counted.as_slice() {
-        // One limit: its key in a reused buffer, decided here if the store answers at once.
-        let now = crate::scratch::with_buffer(|key| {
-            plan.write_key(key, domain, descriptors, only);
-            pipeline::decide_now(store, &[plan.ask(key, only)]).ok()
-        });
-        if let Some(outcome) = now {
-            return plan.verdict(outcome.results);
-        }
+    if let Some(outcome) = plan.outcome_now(store, domain, descriptors) {
+        return plan.verdict(outcome.results);
     }
     let keys: Vec<String> = plan
         .counted
@@ -234,6 +209,45 @@ pub async fn check_with<'r, S: Store + ?Sized>(
         .collect();
     let outcome = pipeline::decide(store, &asks).await;
     plan.verdict(outcome.results)
+}
+
+/// [`check_with`]'s verdict when it can be had without waiting: the request counts one limit
+/// or none, and the store answers at once ([`Store::check_now`]: the memory store does,
+/// Redis does not). `None` when it cannot — then nothing was counted, and [`check_with`]
+/// decides the request. The same steps as [`check_with`], which takes this path itself first.
+///
+/// ```
+/// use flowgate::Quota;
+/// use flowgate::envoy::{
+///     Descriptor, DomainSpec, Entry, LimitSpec, Modes, Rate, RuleSet, RuleSpec, check_now,
+/// };
+/// use flowgate::store::MemoryStore;
+///
+/// let rules = RuleSet::build(vec![DomainSpec::new("api", vec![
+///     RuleSpec::new("user").with_limit(LimitSpec::new(Rate::Limited(Quota::per_minute(1)))),
+/// ])])
+/// .unwrap();
+/// let store = MemoryStore::new();
+/// let request = [Descriptor::new(vec![Entry::new("user", "alice")])];
+/// let first = check_now(&rules, &store, "api", &request, 1, Modes::NONE).unwrap();
+/// let second = check_now(&rules, &store, "api", &request, 1, Modes::NONE).unwrap();
+/// assert!(first.allowed && !second.allowed);
+/// ```
+pub fn check_now<'r, S: Store + ?Sized>(
+    rules: &'r RuleSet,
+    store: &S,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits_addend: u64,
+    modes: Modes,
+) -> Option<Verdict<'r>> {
+    match Plan::of(rules, domain, descriptors, hits_addend, modes) {
+        Ok(plan) => {
+            let outcome = plan.outcome_now(store, domain, descriptors)?;
+            Some(plan.verdict(outcome.results))
+        }
+        Err(verdict) => Some(verdict),
+    }
 }
 
 /// A limit the store is asked about.
@@ -266,6 +280,56 @@ struct Plan<'r> {
 }
 
 impl<'r> Plan<'r> {
+    /// The plan for `descriptors` under `rules`, or the verdict of a request whose limit
+    /// overrides are invalid (every descriptor failed).
+    fn of(
+        rules: &'r RuleSet,
+        domain: &str,
+        descriptors: &[Descriptor],
+        hits_addend: u64,
+        modes: Modes,
+    ) -> Result<Self, Verdict<'r>> {
+        match resolve(rules, domain, descriptors, hits_addend) {
+            Ok(resolved) => Ok(Plan::new(resolved, descriptors.len(), modes)),
+            Err(e) => {
+                let request_hits = hits_addend.max(1);
+                let failed = |d: &Descriptor| DescriptorVerdict {
+                    applied: None,
+                    status: Status::Counted(Err(StoreError::Backend(format!(
+                        "invalid limit override: {e}"
+                    )))),
+                    hits: d.hits_addend.unwrap_or(request_hits),
+                    charge: false,
+                    enforced: !modes.shadow_mode,
+                    others: Vec::new(),
+                };
+                Err(Verdict {
+                    allowed: modes.shadow_mode,
+                    shadowed: modes.shadow_mode,
+                    descriptors: descriptors.iter().map(failed).collect(),
+                })
+            }
+        }
+    }
+
+    /// The outcome, when the plan counts one limit (its key in a reused buffer) or none and
+    /// the store answers at once; else `None`, nothing asked.
+    fn outcome_now<S: Store + ?Sized>(
+        &self,
+        store: &S,
+        domain: &str,
+        descriptors: &[Descriptor],
+    ) -> Option<pipeline::Outcome> {
+        match self.counted.as_slice() {
+            [] => pipeline::decide_now(store, &[]).ok(),
+            [only] => crate::scratch::with_buffer(|key| {
+                self.write_key(key, domain, descriptors, only);
+                pipeline::decide_now(store, &[self.ask(key, only)]).ok()
+            }),
+            _ => None,
+        }
+    }
+
     fn new(resolved: Vec<Resolved<'r>>, descriptors: usize, modes: Modes) -> Self {
         let mut counted = smallvec::SmallVec::with_capacity(resolved.len());
         // One pass: what is counted, whether a blocked limit outside quota mode is enforced,
@@ -725,6 +789,66 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `check_now` gives `check_with`'s verdict whenever it gives one (twin stores, the same
+    /// requests in the same order), and where it gives none — several limits counted, or a
+    /// store that must be waited for — it has counted nothing.
+    #[tokio::test]
+    async fn check_now_decides_as_check_with_or_counts_nothing() {
+        let rules = rules();
+        let (now, with) = (store(), store());
+        let invalid = Descriptor {
+            limit: Some(LimitOverride {
+                requests_per_unit: u64::MAX,
+                unit: Unit::Second,
+            }),
+            ..one("user", "o")
+        };
+        let requests: Vec<Vec<Descriptor>> = vec![
+            vec![one("user", "a")],
+            vec![one("route", "r")],
+            vec![one("user", "banned")],
+            vec![one("user", "vip")],
+            vec![one("nothing", "x")],
+            vec![],
+            vec![invalid],
+            vec![one("global", "g"), one("user", "a")],
+        ];
+        let mut decided_now = 0;
+        for round in 0..5 {
+            for request in &requests {
+                for hits in [0, 1, 2] {
+                    let expected = check_with(&rules, &with, "d", request, hits, Modes::NONE).await;
+                    let got = match check_now(&rules, &now, "d", request, hits, Modes::NONE) {
+                        Some(verdict) => {
+                            decided_now += 1;
+                            verdict
+                        }
+                        // Nothing counted: the full check on the same store agrees.
+                        None => check_with(&rules, &now, "d", request, hits, Modes::NONE).await,
+                    };
+                    assert_eq!(got, expected, "round {round}, {request:?}, hits {hits}");
+                }
+            }
+        }
+        // All but the request with two limits.
+        assert_eq!(decided_now, 5 * 7 * 3);
+
+        let waiting = Waiting(store());
+        let request = [one("user", "w")];
+        for _ in 0..5 {
+            assert!(check_now(&rules, &waiting, "d", &request, 1, Modes::NONE).is_none());
+        }
+        for i in 0..3 {
+            let v = check_with(&rules, &waiting, "d", &request, 1, Modes::NONE).await;
+            assert!(v.allowed, "request {i}: check_now counted");
+        }
+        assert!(
+            !check_with(&rules, &waiting, "d", &request, 1, Modes::NONE)
+                .await
+                .allowed
+        );
     }
 
     /// Envoy Gateway's token budget: the request path checks with `hits_addend: 0`, the

@@ -87,7 +87,7 @@ mod unit;
 mod wildcard;
 
 pub use admin::{CounterState, Lookup, inspect, reset};
-pub use check::{DescriptorVerdict, Modes, Status, Verdict, check, check_with};
+pub use check::{DescriptorVerdict, Modes, Status, Verdict, check, check_now, check_with};
 pub use descriptor::{Descriptor, Entry, LimitOverride};
 pub use key::{CounterKey, counter_key, decode_counter_key};
 pub use metadata::{MetaValue, Metadata, merge_metadata};
