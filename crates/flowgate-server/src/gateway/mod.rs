@@ -199,7 +199,9 @@ impl Gateway {
     pub async fn finish(&self, prepared: Prepared) -> Response<Body> {
         let response = match prepared.step {
             Step::Answered(response) => response,
-            Step::Decide(undecided) => self.decide(undecided).await,
+            // Boxed: the less common path (in-flight leases, a store that must be waited for),
+            // whose future would otherwise make every request's larger — hyper copies it.
+            Step::Decide(undecided) => Box::pin(self.decide(undecided)).await,
             // Boxed: the exchange with the upstream is most of this future's size, and the
             // future is moved several times on its way into the connection's task (memcpy,
             // measured with callgrind); one allocation costs less, and a refused request does
@@ -420,13 +422,10 @@ impl Gateway {
     /// Sends an allowed request (its head written by [`take_apart`](Self::take_apart)) upstream
     /// and streams the response back with the answer's fields added.
     async fn forward(&self, allowed: Allowed) -> Response<Body> {
-        let Allowed {
-            on_head: head,
-            timeouts,
-            head: request_head,
-            body,
-        } = allowed;
-        let metrics = &self.upstream_metrics;
+        // `allowed`'s fields are used where they are, not moved into locals of their own: this
+        // future is boxed, and its size is copied into the box on every request.
+        let (timeouts, metrics) = (allowed.timeouts, &self.upstream_metrics);
+        let body = allowed.body;
         // A body still to come reports its progress: while the gateway waits on the client,
         // the upstream is not late.
         let progress =
@@ -438,9 +437,13 @@ impl Gateway {
         )
         .with_progress(progress.clone());
         let timeout = timeouts.response_head;
-        // Pinned here and lent: the exchange's future is large, and moving it costs.
-        let sent = std::pin::pin!(self.pool.send(&request_head, body));
-        let response = match upstream_within(timeout, progress.as_deref(), sent).await {
+        let response = {
+            // Pinned here and lent: the exchange's future is large, and moving it costs. In a
+            // block of its own, so that it is not kept beside what follows.
+            let sent = std::pin::pin!(self.pool.send(&allowed.head, body));
+            upstream_within(timeout, progress.as_deref(), sent).await
+        };
+        let response = match response {
             Some(Ok(response)) => response,
             Some(Err(e)) => return self.failed(e),
             None => {
@@ -463,11 +466,13 @@ impl Gateway {
         // clients); an HTTP/1.0 upstream must not turn off keep-alive to the client.
         parts.version = http::Version::HTTP_11;
         forward::remove_hop_by_hop(&mut parts.headers);
-        let scan = match head.usage {
-            Some(usage) => usage.on_head(parts.status, &parts.headers).await,
+        let on_head = allowed.on_head;
+        let scan = match on_head.usage {
+            // Boxed: charging is most of this future's size, and only some gateways charge.
+            Some(usage) => Box::pin(usage.on_head(parts.status, &parts.headers)).await,
             None => None,
         };
-        if let Some(answer) = head.answer {
+        if let Some(answer) = on_head.answer {
             answer.apply(&mut parts.headers);
         }
         self.service
@@ -478,7 +483,7 @@ impl Gateway {
             timeouts.body_idle,
             metrics.response_body_timeouts.clone(),
         );
-        let body = LeasedBody::new(UsageBody::new(body, scan), head.lease);
+        let body = LeasedBody::new(UsageBody::new(body, scan), on_head.lease);
         Response::from_parts(parts, Either::Left(Box::pin(body)))
     }
 

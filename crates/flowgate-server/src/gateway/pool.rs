@@ -461,7 +461,10 @@ impl Pool {
                 }
             }
         };
-        let conn = self.connect(slot).await?;
+        // Boxed: connecting (a TLS handshake's state above all) is most of this future's
+        // size, which every request's future would otherwise carry — and copy, when it is
+        // boxed on its way into the connection's task — for the few that open a connection.
+        let conn = Box::pin(self.connect(slot)).await?;
         match self.exchange(conn, false, head, body).await {
             Exchanged::Answered(response) => Ok(response),
             Exchanged::Failed(e) => Err(e),
