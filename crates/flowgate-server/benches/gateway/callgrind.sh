@@ -12,11 +12,17 @@
 # difference of the request counts leaves shutdown out. Start-up is not counted at all:
 # instrumentation is switched on (`callgrind_control -i on`) once the proxy answers, so a
 # start-up loop that runs for a time, not a number of instructions (a clock's calibration),
-# does not move the figures (the spread of three runs of one build went from ±360 to ±110). The upstream is nginx
-# answering `ok` from memory (not measured). Loads, CONNECTIONS connections each (default 8):
+# does not move the figures (the spread of three runs of one build went from ±360 to ±110).
+# The upstream is nginx answering `ok` from memory (not measured). Loads, CONNECTIONS
+# connections each (default 8):
 #   pass     every request allowed and proxied (rule 10^8/s on the key `a`)
 #   refused  every request over the limit (key `b`, 1 per minute): 429 without the upstream
 #   mix      every other request refused, as run.sh's `-mix`
+# Besides `flowgate` and `nginx`, two servers that answer `ok` themselves, for the floor under
+# a proxy (a diagnosis, not a result; with LOADS=pass):
+#   hyper-floor  hyper's HTTP/1 server configured as the gateway's (example `hyper_floor`)
+#   nginx-floor  nginx, one worker, `return 200 "ok"`
+#   PROXIES="hyper-floor nginx-floor" LOADS=pass crates/flowgate-server/benches/gateway/callgrind.sh
 # Needs: valgrind, wrk, nginx. Prints one line per proxy and load; keeps the profiles in $OUT
 # (callgrind_annotate them to see where the instructions go).
 set -euo pipefail
@@ -36,6 +42,10 @@ if [ -z "${FLOWGATE:-}" ]; then
   FLOWGATE=$CARGO_TARGET_DIR/release/flowgate
   (cd "$ROOT" && cargo build --release -q -p flowgate-server)
 fi
+FLOOR=$CARGO_TARGET_DIR/release/examples/hyper_floor
+case " $PROXIES " in
+  *" hyper-floor "*) (cd "$ROOT" && cargo build --release -q -p flowgate-server --example hyper_floor) ;;
+esac
 for tool in valgrind wrk nginx; do
   command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install -y valgrind wrk nginx)" >&2; exit 1; }
 done
@@ -89,6 +99,19 @@ http {
   }
 }
 CONF
+cat > "$OUT/floor.conf" <<CONF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $OUT/floor.pid;
+error_log $OUT/floor-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  server { listen 127.0.0.1:$PROXY_PORT; location / { return 200 "ok"; } }
+}
+CONF
 cat > "$OUT/flowgate.yaml" <<CONF
 domain: bench
 gateway:
@@ -130,6 +153,14 @@ start_proxy() { # NAME PROFILE: the proxy under callgrind, its pid in $vg
     nginx)
       valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$2" \
         nginx -c "$OUT/proxy.conf" -e "$OUT/proxy-error.log" > /dev/null 2> "$2.log" &
+      ;;
+    hyper-floor)
+      taskset -c 0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$2" \
+        "$FLOOR" "127.0.0.1:$PROXY_PORT" > /dev/null 2> "$2.log" &
+      ;;
+    nginx-floor)
+      valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$2" \
+        nginx -c "$OUT/floor.conf" -e "$OUT/floor-error.log" > /dev/null 2> "$2.log" &
       ;;
   esac
   vg=$!

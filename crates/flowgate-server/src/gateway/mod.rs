@@ -222,8 +222,9 @@ impl Gateway {
         response
     }
 
-    /// The request checked and keyed, its upstream head written; or the answer to a request
-    /// that is malformed or cannot be keyed.
+    /// The request checked, keyed, decided when the store answers at once, and its upstream
+    /// head written; or the answer to a request that is malformed, cannot be keyed or is
+    /// refused.
     fn take_apart(&self, peer: SocketAddr, request: Request<Incoming>) -> Step {
         let (mut parts, body) = request.into_parts();
         if parts.method == http::Method::CONNECT {
@@ -269,6 +270,9 @@ impl Gateway {
         let usage = self.usage(&active, config, &mut descriptors);
         // Decided here when it can be — no in-flight lease to take first, and a store that
         // answers at once: a refused request is answered without its upstream head written.
+        // With a store that must be waited for (Redis), the request's limits are resolved and
+        // its key written here and again in `decide`: the price of not knowing in advance
+        // (a fallback store answers at once while its shared store is away).
         let mut answer = None;
         if in_flight.is_empty() && !descriptors.is_empty() {
             let now =
@@ -282,7 +286,8 @@ impl Gateway {
                 answer = Some(decided);
             }
         }
-        let decided = answer.is_some() || (in_flight.is_empty() && descriptors.is_empty());
+        // Nothing left to decide: no lease to take, and the rate limits answered (or are none).
+        let decided = in_flight.is_empty() && (descriptors.is_empty() || answer.is_some());
         let keep_earlier =
             config.forwarded == Forwarded::Append || config.client_ip.is_trusted(peer.ip());
         let timeouts = Timeouts {
