@@ -9,9 +9,13 @@ use std::time::{Duration, Instant};
 use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
 use flowgate_testing::server::TestServer;
 
+/// The test's policy. GCRA, not a fixed window: a window aligned to the wall clock's minute
+/// resets when the test happens to run across a minute's end (it did once, in a clean clone's
+/// CI run), and the counts below would not be the ones asserted. `team` refills one unit in
+/// six minutes, `user` (at 2) one in 30 s: far longer than the test takes.
 fn policy(user_limit: u64) -> String {
     format!(
-        "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {user_limit}, algorithm: fixed_window}}\n  - key: team\n    rate_limit: {{unit: minute, requests_per_unit: 10, algorithm: fixed_window}}\n  - key: load\n    rate_limit: {{unit: minute, requests_per_unit: 1000000, algorithm: fixed_window}}\n"
+        "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {user_limit}, algorithm: gcra}}\n  - key: team\n    rate_limit: {{unit: hour, requests_per_unit: 10, algorithm: gcra}}\n  - key: load\n    rate_limit: {{unit: minute, requests_per_unit: 1000000, algorithm: fixed_window}}\n"
     )
 }
 
