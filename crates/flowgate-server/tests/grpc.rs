@@ -7,6 +7,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::google::protobuf::UInt64Value;
 use flowgate_testing::grpc::{OK, OVER_LIMIT, descriptor, request, should};
 use flowgate_testing::server::TestServer;
+use flowgate_testing::window::{HOUR, MINUTE, in_one_window};
 
 const EDGE: &str = r#"
 domain: edge
@@ -54,117 +55,127 @@ fn codes(r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_only_rules_count_each_value_and_key_value_beats_key_only() {
-    let server = edge().await;
-    let mut rls = server.rls().await;
-    let ip = |v: &str| request("edge", vec![descriptor(&[("remote_address", v)])]);
-    for remaining in [2, 1, 0] {
-        let r = should(&mut rls, ip("10.0.0.1")).await;
-        assert_eq!(r.overall_code, OK);
-        let status = &r.statuses[0];
-        assert_eq!(status.limit_remaining, remaining);
-        let limit = status.current_limit.as_ref().unwrap();
+    // The counts hold within one minute of the fixed windows (aligned to the wall clock):
+    // a sequence the minute's end cut runs again, on a fresh server.
+    in_one_window(&[MINUTE], async |_| {
+        let server = edge().await;
+        let mut rls = server.rls().await;
+        let ip = |v: &str| request("edge", vec![descriptor(&[("remote_address", v)])]);
+        for remaining in [2, 1, 0] {
+            let r = should(&mut rls, ip("10.0.0.1")).await;
+            assert_eq!(r.overall_code, OK);
+            let status = &r.statuses[0];
+            assert_eq!(status.limit_remaining, remaining);
+            let limit = status.current_limit.as_ref().unwrap();
+            assert_eq!(
+                (limit.requests_per_unit, limit.unit),
+                (3, 2),
+                "3 per MINUTE"
+            );
+            let reset = status.duration_until_reset.unwrap();
+            assert!(reset.seconds <= 60 && (reset.seconds > 0 || reset.nanos > 0));
+        }
+        let denied = should(&mut rls, ip("10.0.0.1")).await;
         assert_eq!(
-            (limit.requests_per_unit, limit.unit),
-            (3, 2),
-            "3 per MINUTE"
+            (denied.overall_code, codes(&denied)),
+            (OVER_LIMIT, vec![OVER_LIMIT])
         );
-        let reset = status.duration_until_reset.unwrap();
-        assert!(reset.seconds <= 60 && (reset.seconds > 0 || reset.nanos > 0));
-    }
-    let denied = should(&mut rls, ip("10.0.0.1")).await;
-    assert_eq!(
-        (denied.overall_code, codes(&denied)),
-        (OVER_LIMIT, vec![OVER_LIMIT])
-    );
-    // Another value has its own counter.
-    assert_eq!(should(&mut rls, ip("10.0.0.2")).await.overall_code, OK);
-    // The key+value rule wins for 10.0.0.9: 1 per minute.
-    assert_eq!(should(&mut rls, ip("10.0.0.9")).await.overall_code, OK);
-    assert_eq!(
-        should(&mut rls, ip("10.0.0.9")).await.overall_code,
-        OVER_LIMIT
-    );
-    server.stop().await;
+        // Another value has its own counter.
+        assert_eq!(should(&mut rls, ip("10.0.0.2")).await.overall_code, OK);
+        // The key+value rule wins for 10.0.0.9: 1 per minute.
+        assert_eq!(should(&mut rls, ip("10.0.0.9")).await.overall_code, OK);
+        assert_eq!(
+            should(&mut rls, ip("10.0.0.9")).await.overall_code,
+            OVER_LIMIT
+        );
+        server.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wildcards_depth_and_unmatched_descriptors() {
-    let server = edge().await;
-    let mut rls = server.rls().await;
-    // `/api/*` is one rule with one counter per path value.
-    for path in ["/api/a", "/api/a"] {
+    // The counts hold within one minute (`/api/*`) and one hour (`/upload`) of the fixed
+    // windows: a sequence a boundary cut runs again, on a fresh server.
+    in_one_window(&[MINUTE, HOUR], async |_| {
+        let server = edge().await;
+        let mut rls = server.rls().await;
+        // `/api/*` is one rule with one counter per path value.
+        for path in ["/api/a", "/api/a"] {
+            let r = should(
+                &mut rls,
+                request("edge", vec![descriptor(&[("path", path)])]),
+            )
+            .await;
+            assert_eq!(r.overall_code, OK);
+            assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "api");
+        }
         let r = should(
             &mut rls,
-            request("edge", vec![descriptor(&[("path", path)])]),
+            request("edge", vec![descriptor(&[("path", "/api/a")])]),
+        )
+        .await;
+        assert_eq!(r.overall_code, OVER_LIMIT);
+        let r = should(
+            &mut rls,
+            request("edge", vec![descriptor(&[("path", "/web")])]),
         )
         .await;
         assert_eq!(r.overall_code, OK);
-        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "api");
-    }
-    let r = should(
-        &mut rls,
-        request("edge", vec![descriptor(&[("path", "/api/a")])]),
-    )
+        assert!(r.statuses[0].current_limit.is_none(), "no rule: no limit");
+        // Depth: tenant alone and tenant+route/upload have their own limits; a deeper or
+        // different route matches nothing.
+        let upload = || descriptor(&[("tenant", "t1"), ("route", "/upload")]);
+        assert_eq!(
+            should(&mut rls, request("edge", vec![upload()]))
+                .await
+                .overall_code,
+            OK
+        );
+        assert_eq!(
+            should(&mut rls, request("edge", vec![upload()]))
+                .await
+                .overall_code,
+            OVER_LIMIT
+        );
+        let tenant = should(
+            &mut rls,
+            request("edge", vec![descriptor(&[("tenant", "t1")])]),
+        )
+        .await;
+        assert_eq!(tenant.statuses[0].limit_remaining, 99);
+        let other = should(
+            &mut rls,
+            request(
+                "edge",
+                vec![descriptor(&[("tenant", "t1"), ("route", "/other")])],
+            ),
+        )
+        .await;
+        assert!(other.statuses[0].current_limit.is_none());
+        let deeper = should(
+            &mut rls,
+            request(
+                "edge",
+                vec![descriptor(&[
+                    ("tenant", "t1"),
+                    ("route", "/upload"),
+                    ("x", "y"),
+                ])],
+            ),
+        )
+        .await;
+        assert!(deeper.statuses[0].current_limit.is_none());
+        // Unknown domain: everything is allowed.
+        let unknown = should(
+            &mut rls,
+            request("nope", vec![descriptor(&[("remote_address", "a")])]),
+        )
+        .await;
+        assert_eq!(unknown.overall_code, OK);
+        server.stop().await;
+    })
     .await;
-    assert_eq!(r.overall_code, OVER_LIMIT);
-    let r = should(
-        &mut rls,
-        request("edge", vec![descriptor(&[("path", "/web")])]),
-    )
-    .await;
-    assert_eq!(r.overall_code, OK);
-    assert!(r.statuses[0].current_limit.is_none(), "no rule: no limit");
-    // Depth: tenant alone and tenant+route/upload have their own limits; a deeper or
-    // different route matches nothing.
-    let upload = || descriptor(&[("tenant", "t1"), ("route", "/upload")]);
-    assert_eq!(
-        should(&mut rls, request("edge", vec![upload()]))
-            .await
-            .overall_code,
-        OK
-    );
-    assert_eq!(
-        should(&mut rls, request("edge", vec![upload()]))
-            .await
-            .overall_code,
-        OVER_LIMIT
-    );
-    let tenant = should(
-        &mut rls,
-        request("edge", vec![descriptor(&[("tenant", "t1")])]),
-    )
-    .await;
-    assert_eq!(tenant.statuses[0].limit_remaining, 99);
-    let other = should(
-        &mut rls,
-        request(
-            "edge",
-            vec![descriptor(&[("tenant", "t1"), ("route", "/other")])],
-        ),
-    )
-    .await;
-    assert!(other.statuses[0].current_limit.is_none());
-    let deeper = should(
-        &mut rls,
-        request(
-            "edge",
-            vec![descriptor(&[
-                ("tenant", "t1"),
-                ("route", "/upload"),
-                ("x", "y"),
-            ])],
-        ),
-    )
-    .await;
-    assert!(deeper.statuses[0].current_limit.is_none());
-    // Unknown domain: everything is allowed.
-    let unknown = should(
-        &mut rls,
-        request("nope", vec![descriptor(&[("remote_address", "a")])]),
-    )
-    .await;
-    assert_eq!(unknown.overall_code, OK);
-    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,101 +257,111 @@ async fn unlimited_blocklist_shadow_and_replaces() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_addend_rules_and_limit_overrides() {
-    let server = edge().await;
-    let mut rls = server.rls().await;
-    let tenant = |hits: Option<u64>| {
-        let mut d = descriptor(&[("tenant", "h")]);
-        d.hits_addend = hits.map(|value| UInt64Value { value });
-        d
-    };
-    // Request-level 0 means 1.
-    let r = should(&mut rls, request("edge", vec![tenant(None)])).await;
-    assert_eq!(r.statuses[0].limit_remaining, 99);
-    // Request-level 10.
-    let mut req = request("edge", vec![tenant(None)]);
-    req.hits_addend = 10;
-    assert_eq!(should(&mut rls, req).await.statuses[0].limit_remaining, 89);
-    // The descriptor's own hits_addend wins over the request's.
-    let mut req = request("edge", vec![tenant(Some(5))]);
-    req.hits_addend = 10;
-    assert_eq!(should(&mut rls, req).await.statuses[0].limit_remaining, 84);
-    // A descriptor hits_addend of 0 only looks.
-    let mut req = request("edge", vec![tenant(Some(0))]);
-    req.hits_addend = 10;
-    assert_eq!(should(&mut rls, req).await.statuses[0].limit_remaining, 84);
-    // More than the limit can ever grant: over the limit.
-    let r = should(&mut rls, request("edge", vec![tenant(Some(1000))])).await;
-    assert_eq!(r.overall_code, OVER_LIMIT);
-    // A limit override replaces the configured rule: 1 per hour (RateLimitUnit HOUR = 3).
-    let mut over = descriptor(&[("tenant", "o")]);
-    over.limit = Some(RateLimitOverride {
-        requests_per_unit: 1,
-        unit: 3,
-    });
-    let r = should(&mut rls, request("edge", vec![over.clone()])).await;
-    assert_eq!(r.overall_code, OK);
-    let limit = r.statuses[0].current_limit.as_ref().unwrap();
-    assert_eq!((limit.requests_per_unit, limit.unit), (1, 3));
-    assert_eq!(
-        should(&mut rls, request("edge", vec![over]))
-            .await
-            .overall_code,
-        OVER_LIMIT
-    );
-    server.stop().await;
+    // The counts hold within one hour of the fixed windows: a sequence the hour's end cut runs
+    // again, on a fresh server.
+    in_one_window(&[HOUR], async |_| {
+        let server = edge().await;
+        let mut rls = server.rls().await;
+        let tenant = |hits: Option<u64>| {
+            let mut d = descriptor(&[("tenant", "h")]);
+            d.hits_addend = hits.map(|value| UInt64Value { value });
+            d
+        };
+        // Request-level 0 means 1.
+        let r = should(&mut rls, request("edge", vec![tenant(None)])).await;
+        assert_eq!(r.statuses[0].limit_remaining, 99);
+        // Request-level 10.
+        let mut req = request("edge", vec![tenant(None)]);
+        req.hits_addend = 10;
+        assert_eq!(should(&mut rls, req).await.statuses[0].limit_remaining, 89);
+        // The descriptor's own hits_addend wins over the request's.
+        let mut req = request("edge", vec![tenant(Some(5))]);
+        req.hits_addend = 10;
+        assert_eq!(should(&mut rls, req).await.statuses[0].limit_remaining, 84);
+        // A descriptor hits_addend of 0 only looks.
+        let mut req = request("edge", vec![tenant(Some(0))]);
+        req.hits_addend = 10;
+        assert_eq!(should(&mut rls, req).await.statuses[0].limit_remaining, 84);
+        // More than the limit can ever grant: over the limit.
+        let r = should(&mut rls, request("edge", vec![tenant(Some(1000))])).await;
+        assert_eq!(r.overall_code, OVER_LIMIT);
+        // A limit override replaces the configured rule: 1 per hour (RateLimitUnit HOUR = 3).
+        let mut over = descriptor(&[("tenant", "o")]);
+        over.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 3,
+        });
+        let r = should(&mut rls, request("edge", vec![over.clone()])).await;
+        assert_eq!(r.overall_code, OK);
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (1, 3));
+        assert_eq!(
+            should(&mut rls, request("edge", vec![over]))
+                .await
+                .overall_code,
+            OVER_LIMIT
+        );
+        server.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_status_per_descriptor_ietf_headers_and_denials_consume_nothing() {
-    let server = edge().await;
-    let mut rls = server.rls().await;
-    let req = || {
-        request(
-            "edge",
-            vec![
-                descriptor(&[("tenant", "z")]),
-                descriptor(&[("remote_address", "10.0.0.9")]),
-                descriptor(&[("nothing", "x")]),
-            ],
+    // The counts hold within one minute (the address) and one hour (`tenant`) of the fixed
+    // windows: a sequence a boundary cut runs again, on a fresh server.
+    in_one_window(&[MINUTE, HOUR], async |_| {
+        let server = edge().await;
+        let mut rls = server.rls().await;
+        let req = || {
+            request(
+                "edge",
+                vec![
+                    descriptor(&[("tenant", "z")]),
+                    descriptor(&[("remote_address", "10.0.0.9")]),
+                    descriptor(&[("nothing", "x")]),
+                ],
+            )
+        };
+        let r = should(&mut rls, req()).await;
+        assert_eq!((r.overall_code, codes(&r)), (OK, vec![OK, OK, OK]));
+        let headers: Vec<(String, String)> = r
+            .response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect();
+        assert_eq!(headers[0].0, "ratelimit-policy");
+        assert_eq!(
+            headers[0].1,
+            "\"tenant\";q=100;w=3600, \"remote_address_10.0.0.9\";q=1;w=60"
+        );
+        assert_eq!(headers[1].0, "ratelimit");
+        assert!(
+            headers[1].1.starts_with("\"tenant\";r=99;t="),
+            "{headers:?}"
+        );
+        let r = should(&mut rls, req()).await;
+        assert_eq!(
+            (r.overall_code, codes(&r)),
+            (OVER_LIMIT, vec![OK, OVER_LIMIT, OK])
+        );
+        let retry = r
+            .response_headers_to_add
+            .iter()
+            .find(|h| h.key == "retry-after")
+            .unwrap();
+        let secs: u64 = retry.value.parse().unwrap();
+        assert!((1..=60).contains(&secs));
+        // The denied request's unit on `tenant` was given back.
+        let t = should(
+            &mut rls,
+            request("edge", vec![descriptor(&[("tenant", "z")])]),
         )
-    };
-    let r = should(&mut rls, req()).await;
-    assert_eq!((r.overall_code, codes(&r)), (OK, vec![OK, OK, OK]));
-    let headers: Vec<(String, String)> = r
-        .response_headers_to_add
-        .iter()
-        .map(|h| (h.key.clone(), h.value.clone()))
-        .collect();
-    assert_eq!(headers[0].0, "ratelimit-policy");
-    assert_eq!(
-        headers[0].1,
-        "\"tenant\";q=100;w=3600, \"remote_address_10.0.0.9\";q=1;w=60"
-    );
-    assert_eq!(headers[1].0, "ratelimit");
-    assert!(
-        headers[1].1.starts_with("\"tenant\";r=99;t="),
-        "{headers:?}"
-    );
-    let r = should(&mut rls, req()).await;
-    assert_eq!(
-        (r.overall_code, codes(&r)),
-        (OVER_LIMIT, vec![OK, OVER_LIMIT, OK])
-    );
-    let retry = r
-        .response_headers_to_add
-        .iter()
-        .find(|h| h.key == "retry-after")
-        .unwrap();
-    let secs: u64 = retry.value.parse().unwrap();
-    assert!((1..=60).contains(&secs));
-    // The denied request's unit on `tenant` was given back.
-    let t = should(
-        &mut rls,
-        request("edge", vec![descriptor(&[("tenant", "z")])]),
-    )
+        .await;
+        assert_eq!(t.statuses[0].limit_remaining, 98);
+        server.stop().await;
+    })
     .await;
-    assert_eq!(t.statuses[0].limit_remaining, 98);
-    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

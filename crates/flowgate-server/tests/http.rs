@@ -13,9 +13,11 @@ descriptors:
   - key: ip
     detailed_metric: true
     rate_limit: {period: 90s, requests_per_unit: 5, algorithm: sliding_log}
+  # GCRA, not a fixed window: a window aligned to the wall clock's minute starts again when a
+  # run crosses the minute's end between two checks of `beta`, which the second must find over.
   - key: beta
     shadow_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}
 "#;
 
 async fn api() -> TestServer {

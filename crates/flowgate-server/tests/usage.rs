@@ -10,10 +10,12 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use flowgate::calendar::{Calendar, CalendarUnit};
 use flowgate_server::api::AdminToken;
 use flowgate_server::server::ServerConfig;
 use flowgate_testing::binary::Serving;
 use flowgate_testing::server::{HttpResponse, TestServer};
+use flowgate_testing::window::{HOUR, Window, in_one_window, in_one_window_blocking};
 
 const TOKEN: &str = "correct horse battery staple";
 
@@ -37,6 +39,11 @@ fn check(key: &str, value: &str, hits: u64) -> String {
     format!(
         r#"{{"domain":"api","hits_addend":{hits},"descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
     )
+}
+
+/// The calendar of `tenant`'s quota.
+fn berlin_month() -> Window {
+    Window::Calendar(Calendar::new(CalendarUnit::Month, "Europe/Berlin").unwrap())
 }
 
 /// The requests every test makes: what each counter has used afterwards is known.
@@ -126,76 +133,81 @@ async fn list_all(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_domain_lists_every_counter_with_its_usage_a_page_at_a_time() {
-    let server = server(Some(TOKEN)).await;
-    for (key, value, hits, status) in REQUESTS {
-        let response = server.post("/v1/check", &check(key, value, hits)).await;
-        assert_eq!(response.status, status, "{key}={value}: {}", response.body);
-    }
+    // `ip` (a fixed hour) and `tenant` (a month in Berlin) must still be in the windows they
+    // were counted in when listed: a run across a boundary runs again, on a fresh server.
+    in_one_window(&[HOUR, berlin_month()], async |_| {
+        let server = server(Some(TOKEN)).await;
+        for (key, value, hits, status) in REQUESTS {
+            let response = server.post("/v1/check", &check(key, value, hits)).await;
+            assert_eq!(response.status, status, "{key}={value}: {}", response.body);
+        }
 
-    let (counters, complete) = list_all(&server, "api", "", 2).await;
-    assert!(complete);
-    let mut seen = BTreeMap::new();
-    for c in &counters {
-        let path = c["path"].as_str().unwrap();
-        let limit = c["limit"].as_u64().unwrap();
-        let used = c["used"].as_u64().unwrap();
-        let remaining = c["remaining"].as_u64().unwrap();
-        assert_eq!(used + remaining, c["burst"].as_u64().unwrap(), "{c}");
-        assert!(c["key"].as_str().unwrap().starts_with("api|"), "{c}");
-        let entry = &c["descriptor"][0];
-        assert_eq!(
-            format!(
-                "{}={}",
-                entry["key"].as_str().unwrap(),
-                entry["value"].as_str().unwrap()
-            ),
-            percent_encoding::percent_decode_str(path)
-                .decode_utf8()
-                .unwrap()
-        );
-        seen.insert(
-            format!("{path}/{limit}"),
-            (c["algorithm"].as_str().unwrap(), limit, used, remaining),
-        );
-        // The single-counter endpoint shows the same counter the same way.
-        let one = server
-            .request_with(
-                "GET",
-                &format!("/v1/keys/api/{path}"),
-                &[("authorization", &format!("Bearer {TOKEN}"))],
-                "",
-            )
-            .await
-            .json();
-        let shown = one["limits"]
-            .as_array()
-            .map(|l| l.to_vec())
-            .unwrap_or_else(|| vec![one.clone()]);
-        let same = shown.iter().find(|s| s["key"] == c["key"]).unwrap();
-        assert_eq!(same["remaining"], c["remaining"], "{one} vs {c}");
-        assert_eq!(same["algorithm"], c["algorithm"]);
-    }
-    assert_eq!(seen, expected());
-    assert_eq!(counters.len(), 7, "each counter once");
+        let (counters, complete) = list_all(&server, "api", "", 2).await;
+        assert!(complete);
+        let mut seen = BTreeMap::new();
+        for c in &counters {
+            let path = c["path"].as_str().unwrap();
+            let limit = c["limit"].as_u64().unwrap();
+            let used = c["used"].as_u64().unwrap();
+            let remaining = c["remaining"].as_u64().unwrap();
+            assert_eq!(used + remaining, c["burst"].as_u64().unwrap(), "{c}");
+            assert!(c["key"].as_str().unwrap().starts_with("api|"), "{c}");
+            let entry = &c["descriptor"][0];
+            assert_eq!(
+                format!(
+                    "{}={}",
+                    entry["key"].as_str().unwrap(),
+                    entry["value"].as_str().unwrap()
+                ),
+                percent_encoding::percent_decode_str(path)
+                    .decode_utf8()
+                    .unwrap()
+            );
+            seen.insert(
+                format!("{path}/{limit}"),
+                (c["algorithm"].as_str().unwrap(), limit, used, remaining),
+            );
+            // The single-counter endpoint shows the same counter the same way.
+            let one = server
+                .request_with(
+                    "GET",
+                    &format!("/v1/keys/api/{path}"),
+                    &[("authorization", &format!("Bearer {TOKEN}"))],
+                    "",
+                )
+                .await
+                .json();
+            let shown = one["limits"]
+                .as_array()
+                .map(|l| l.to_vec())
+                .unwrap_or_else(|| vec![one.clone()]);
+            let same = shown.iter().find(|s| s["key"] == c["key"]).unwrap();
+            assert_eq!(same["remaining"], c["remaining"], "{one} vs {c}");
+            assert_eq!(same["algorithm"], c["algorithm"]);
+        }
+        assert_eq!(seen, expected());
+        assert_eq!(counters.len(), 7, "each counter once");
 
-    // The calendar quota names its calendar, and resets at the next month in Berlin.
-    let tenant = counters.iter().find(|c| c["path"] == "tenant=t,1").unwrap();
-    assert_eq!(tenant["calendar"], "month@Europe/Berlin");
-    assert!(tenant["reset_after_ms"].as_u64().unwrap() <= 31 * 86_400_000);
-    // The charge's debt shows in its reset time: 1500 units at 1000 a minute.
-    let llm = counters.iter().find(|c| c["path"] == "llm_user=u").unwrap();
-    assert!(llm["reset_after_ms"].as_u64().unwrap() > 60_000, "{llm}");
+        // The calendar quota names its calendar, and resets at the next month in Berlin.
+        let tenant = counters.iter().find(|c| c["path"] == "tenant=t,1").unwrap();
+        assert_eq!(tenant["calendar"], "month@Europe/Berlin");
+        assert!(tenant["reset_after_ms"].as_u64().unwrap() <= 31 * 86_400_000);
+        // The charge's debt shows in its reset time: 1500 units at 1000 a minute.
+        let llm = counters.iter().find(|c| c["path"] == "llm_user=u").unwrap();
+        assert!(llm["reset_after_ms"].as_u64().unwrap() > 60_000, "{llm}");
 
-    // Prefixes select by the first entries; a value may be cut short.
-    let (k, _) = list_all(&server, "api", "&prefix=api_key%3Dk", 100).await;
-    assert_eq!(k.len(), 4);
-    let (k1, _) = list_all(&server, "api", "&prefix=api_key%3Dk1", 100).await;
-    assert_eq!(k1.len(), 2);
-    let (comma, _) = list_all(&server, "api", "&prefix=tenant%3Dt%2C", 100).await;
-    assert_eq!(comma.len(), 1);
-    let (none, complete) = list_all(&server, "nothing", "", 100).await;
-    assert!(none.is_empty() && complete);
-    server.stop().await;
+        // Prefixes select by the first entries; a value may be cut short.
+        let (k, _) = list_all(&server, "api", "&prefix=api_key%3Dk", 100).await;
+        assert_eq!(k.len(), 4);
+        let (k1, _) = list_all(&server, "api", "&prefix=api_key%3Dk1", 100).await;
+        assert_eq!(k1.len(), 2);
+        let (comma, _) = list_all(&server, "api", "&prefix=tenant%3Dt%2C", 100).await;
+        assert_eq!(comma.len(), 1);
+        let (none, complete) = list_all(&server, "nothing", "", 100).await;
+        assert!(none.is_empty() && complete);
+        server.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,13 +399,38 @@ fn requests_then_export(serving: &Serving) {
     assert!(!serving.log().contains(TOKEN));
 }
 
+/// A `flowgate serve` with `extra` arguments (given the attempt), the `REQUESTS` and the
+/// exports; run again, by a new process on fresh keys, when `ip`'s hour or `tenant`'s month
+/// ended between a request and the export that shows its count.
+fn serve_requests_then_export(extra: impl Fn(u32) -> Vec<String>) {
+    in_one_window_blocking(&[HOUR, berlin_month()], |attempt| {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = extra(attempt);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let mut serving = serve(dir.path(), &extra);
+        requests_then_export(&serving);
+        let _ = serving.child.kill();
+        serving.wait_exit(Duration::from_secs(10));
+    });
+}
+
+/// `--redis urls`; after the first attempt, under a prefix of the attempt's own (fresh keys).
+fn in_redis(urls: &str, attempt: u32) -> Vec<String> {
+    let mut args = vec![
+        "--redis".into(),
+        urls.into(),
+        "--redis-timeout".into(),
+        "5s".into(),
+    ];
+    if attempt > 0 {
+        args.extend(["--redis-prefix".into(), format!("flowgate-retry{attempt}:")]);
+    }
+    args
+}
+
 #[test]
 fn export_writes_a_memory_stores_usage_as_csv_and_json_lines() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut serving = serve(dir.path(), &[]);
-    requests_then_export(&serving);
-    let _ = serving.child.kill();
-    serving.wait_exit(Duration::from_secs(10));
+    serve_requests_then_export(|_| Vec::new());
 }
 
 #[test]
@@ -401,14 +438,7 @@ fn export_writes_a_redis_stores_usage_as_csv_and_json_lines() {
     let Some(redis) = flowgate_testing::redis::RedisServer::start("usage_export_redis") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let mut serving = serve(
-        dir.path(),
-        &["--redis", &redis.url(), "--redis-timeout", "5s"],
-    );
-    requests_then_export(&serving);
-    let _ = serving.child.kill();
-    serving.wait_exit(Duration::from_secs(10));
+    serve_requests_then_export(|attempt| in_redis(&redis.url(), attempt));
 }
 
 #[test]
@@ -418,10 +448,6 @@ fn export_writes_a_redis_clusters_usage_from_every_master() {
     else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let urls = cluster.urls().join(",");
-    let mut serving = serve(dir.path(), &["--redis", &urls, "--redis-timeout", "5s"]);
-    requests_then_export(&serving);
-    let _ = serving.child.kill();
-    serving.wait_exit(Duration::from_secs(10));
+    serve_requests_then_export(|attempt| in_redis(&urls, attempt));
 }

@@ -7,6 +7,7 @@
 //! | [`leases`] | a lease store that is away (every call `Unavailable`) | — |
 //! | [`net`] | a port held closed; candidate ports for child processes that bind their own | — |
 //! | [`proxy`] | a TCP proxy on loopback that adds latency or holds traffic (fault tests) | — |
+//! | [`window`] | a sequence of requests run again, on fresh keys, when a wall-clock window ended during it | — |
 //! | `redis` | real `redis-server` processes and Redis Clusters | `redis` |
 //! | `server` | a Flowgate server in-process on listeners bound to port 0 | `server` |
 //! | `binary` | the `flowgate` binary as a child process, on the ports it reports | `server` |
@@ -48,6 +49,7 @@ pub mod redis;
 pub mod server;
 #[cfg(feature = "server")]
 pub mod upstream;
+pub mod window;
 #[cfg(feature = "server")]
 pub mod ws;
 

@@ -14,6 +14,7 @@ use flowgate::store::{Ask, MemoryStore, RedisStore, Store, StoreError};
 use flowgate::{Algorithm, Quota};
 use flowgate_testing::conformance::{DEFAULT_START, run_table};
 use flowgate_testing::redis::RedisServer;
+use flowgate_testing::window::{MINUTE, fresh, in_one_window};
 use proptest::prelude::*;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -301,26 +302,32 @@ async fn keys_expire_when_idle_and_live_in_one_slot_per_limit() {
     let mut conn = server.connection();
     for algorithm in Algorithm::ALL {
         let quota = Quota::per_minute(10).with_algorithm(algorithm).unwrap();
-        assert!(
-            store
-                .check(Ask::new("user:7", &quota).cost(3))
-                .await
-                .unwrap()
-                .allowed
-        );
-        let key = store.redis_key("user:7", algorithm);
-        assert_eq!(key, format!("t:{{user:7}}:{}", algorithm.name()));
-        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
-        // Keys live until their state is idle, plus up to two spans (the scripts refresh an
-        // expiry only when the idle time moves to the next span-wide bucket).
-        let most = match algorithm {
-            Algorithm::FixedWindow => 60_001,
-            _ => 180_002,
-        };
-        assert!(ttl > 0 && ttl <= most, "{algorithm}: PTTL {ttl}");
-        store.reset(Ask::new("user:7", &quota)).await.unwrap();
-        let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
-        assert_eq!(exists, 0);
+        // The fixed window's key expires at the end of its minute on Redis's clock: a run that
+        // minute's end cut (the key may be gone when read) runs again, on a fresh key.
+        in_one_window(&[MINUTE], async |attempt| {
+            let user = fresh("user:7", attempt);
+            assert!(
+                store
+                    .check(Ask::new(&user, &quota).cost(3))
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            let key = store.redis_key(&user, algorithm);
+            assert_eq!(key, format!("t:{{{user}}}:{}", algorithm.name()));
+            let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+            // Keys live until their state is idle, plus up to two spans (the scripts refresh
+            // an expiry only when the idle time moves to the next span-wide bucket).
+            let most = match algorithm {
+                Algorithm::FixedWindow => 60_001,
+                _ => 180_002,
+            };
+            assert!(ttl > 0 && ttl <= most, "{algorithm}: PTTL {ttl}");
+            store.reset(Ask::new(&user, &quota)).await.unwrap();
+            let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
+            assert_eq!(exists, 0);
+        })
+        .await;
     }
 }
 
@@ -725,6 +732,7 @@ async fn values_in_the_text_format_of_earlier_builds_are_decided_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_calendar_month_on_the_servers_clock_resets_on_the_first() {
     use flowgate::calendar::{Calendar, CalendarUnit};
+    use flowgate_testing::window::Window;
     let Some(server) = RedisServer::start("a_calendar_month_on_the_servers_clock") else {
         return;
     };
@@ -735,35 +743,38 @@ async fn a_calendar_month_on_the_servers_clock_resets_on_the_first() {
         .unwrap();
     let month = Calendar::new(CalendarUnit::Month, "Pacific/Auckland").unwrap();
     let quota = Quota::per_calendar(3, month).unwrap();
-    let d = store
-        .check(Ask::new("month", &quota).cost(3))
-        .await
-        .unwrap();
-    assert!(d.allowed);
-    let d = store.check(Ask::new("month", &quota)).await.unwrap();
-    assert!(!d.allowed);
-    let now = jiff::Timestamp::now();
-    let (_, end) = month.window(now);
-    let expected = Duration::from_nanos((end.as_nanosecond() - now.as_nanosecond()) as u64);
-    let gap = d.reset_after.abs_diff(expected);
-    assert!(
-        gap < Duration::from_secs(2),
-        "{:?} vs {expected:?}",
-        d.reset_after
-    );
-    assert_eq!(d.retry_after, d.reset_after);
-    // The key expires when the month does.
-    let mut redis = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let key = store.redis_key("month", Algorithm::FixedWindow);
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let ttl = Duration::from_millis(ttl as u64);
-    assert!(ttl.abs_diff(expected) < Duration::from_secs(2), "{ttl:?}");
+    // Both checks, the month jiff finds and the key's expiry must be of one month: a run
+    // across midnight on the 1st in Auckland runs again, on a fresh key.
+    in_one_window(&[Window::Calendar(month)], async |attempt| {
+        let name = fresh("month", attempt);
+        let d = store.check(Ask::new(&name, &quota).cost(3)).await.unwrap();
+        assert!(d.allowed);
+        let d = store.check(Ask::new(&name, &quota)).await.unwrap();
+        assert!(!d.allowed);
+        let now = jiff::Timestamp::now();
+        let (_, end) = month.window(now);
+        let expected = Duration::from_nanos((end.as_nanosecond() - now.as_nanosecond()) as u64);
+        let gap = d.reset_after.abs_diff(expected);
+        assert!(
+            gap < Duration::from_secs(2),
+            "{:?} vs {expected:?}",
+            d.reset_after
+        );
+        assert_eq!(d.retry_after, d.reset_after);
+        // The key expires when the month does.
+        let mut redis = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let key = store.redis_key(&name, Algorithm::FixedWindow);
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let ttl = Duration::from_millis(ttl as u64);
+        assert!(ttl.abs_diff(expected) < Duration::from_secs(2), "{ttl:?}");
+    })
+    .await;
 }
