@@ -13,6 +13,7 @@ use http::header::{
 use http::request::Parts;
 use http::uri::Authority;
 use http::{StatusCode, Version};
+use smallvec::SmallVec;
 
 /// Removes the hop-by-hop fields: `Connection` and every field it names, `Keep-Alive`, every
 /// `Proxy-*` field, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`. A message that came
@@ -194,20 +195,17 @@ impl Hop {
         &HOP_FIELDS
     }
 
-    /// Whether the client's field `name` is one this hop writes anew (from the client's
-    /// lines and its own entry): `X-Forwarded-For`, `Forwarded` and `Via`. A head writer
-    /// leaves the client's lines out and writes [`Hop::fields`] with [`Hop::write_value`].
-    pub fn writes(name: &HeaderName) -> bool {
-        HOP_FIELDS.contains(&name)
-    }
-
     /// Sets the three fields in `headers`, replacing their earlier lines: for a head another
     /// writer sends (the WebSocket gateway's handshake, through hyper's client).
     pub fn apply(&self, headers: &mut HeaderMap) {
-        let mut value = Vec::new();
-        for name in HOP_FIELDS {
-            value.clear();
-            self.write_value(name, headers, &mut value);
+        let mut values: [Vec<u8>; 3] = Default::default();
+        {
+            let earlier = Earlier::of(headers);
+            for (name, value) in HOP_FIELDS.iter().zip(&mut values) {
+                self.write_value(name, &earlier, value);
+            }
+        }
+        for (name, value) in HOP_FIELDS.into_iter().zip(values) {
             // Always valid: the client's values were, and what is added is visible ASCII.
             if let Ok(value) = HeaderValue::from_bytes(&value) {
                 headers.insert(name, value);
@@ -216,11 +214,15 @@ impl Hop {
     }
 
     /// Appends the value of `name` (one of [`Hop::fields`]) for a request whose own fields
-    /// are `headers`.
-    pub fn write_value(&self, name: &HeaderName, headers: &HeaderMap, out: &mut Vec<u8>) {
+    /// are `earlier`.
+    pub fn write_value(&self, name: &HeaderName, earlier: &Earlier<'_>, out: &mut Vec<u8>) {
         let ip = self.ip.as_bytes();
         if self.keep_earlier || name == VIA {
-            for value in headers.get_all(name) {
+            let lines = HOP_FIELDS
+                .iter()
+                .position(|field| *field == name)
+                .map_or(&[][..], |at| &earlier.lines[at][..]);
+            for value in lines {
                 if let Ok(value) = value.to_str() {
                     let value = value.trim();
                     if !value.is_empty() {
@@ -242,8 +244,8 @@ impl Hop {
                     out.extend_from_slice(b"]\"");
                 }
             }
-            let host = headers
-                .get(HOST)
+            let host = earlier
+                .host
                 .and_then(|h| h.to_str().ok())
                 .filter(|h| !h.is_empty());
             if let Some(host) = host {
@@ -262,6 +264,48 @@ impl Hop {
         } else {
             out.extend_from_slice(VIA_FLOWGATE.as_bytes());
         }
+    }
+}
+
+/// What a [`Hop`] reads of the request: its `Host` and the client's own lines of the fields
+/// the hop writes anew — gathered while the head is written, in its one pass over the fields
+/// (no lookup by name afterwards).
+#[derive(Debug, Default)]
+pub struct Earlier<'a> {
+    /// The request's `Host` (its first line).
+    host: Option<&'a HeaderValue>,
+    /// The client's lines of each of [`Hop::fields`], in that order, each in its order.
+    lines: [SmallVec<[&'a HeaderValue; 2]>; 3],
+}
+
+impl<'a> Earlier<'a> {
+    /// What `headers` hold.
+    pub fn of(headers: &'a HeaderMap) -> Self {
+        let mut earlier = Earlier::default();
+        for (name, value) in headers {
+            earlier.note(name, value);
+        }
+        earlier
+    }
+
+    /// Takes note of the request's field `name: value` (fields in the request's order):
+    /// `true` when it is one the hop writes anew (`X-Forwarded-For`, `Forwarded`, `Via`),
+    /// whose line a head writer leaves out, writing [`Hop::fields`] with
+    /// [`Hop::write_value`] instead.
+    pub fn note(&mut self, name: &HeaderName, value: &'a HeaderValue) -> bool {
+        if let Some(at) = HOP_FIELDS.iter().position(|field| *field == name) {
+            self.lines[at].push(value);
+            return true;
+        }
+        if name == HOST && self.host.is_none() {
+            self.host = Some(value);
+        }
+        false
+    }
+
+    /// Whether the request has a `Host` field.
+    pub fn has_host(&self) -> bool {
+        self.host.is_some()
     }
 }
 
@@ -373,7 +417,7 @@ mod tests {
             .iter()
             .map(|name| {
                 let mut value = Vec::new();
-                hop.write_value(name, &h, &mut value);
+                hop.write_value(name, &Earlier::of(&h), &mut value);
                 format!("{name}: {}", String::from_utf8(value).unwrap())
             })
             .collect();
@@ -393,12 +437,15 @@ mod tests {
         );
         assert_eq!(h["via"], "1.0 edge, 1.1 flowgate");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        let value = HeaderValue::from_static("v");
+        let mut earlier = Earlier::default();
         for name in ["x-forwarded-for", "Forwarded", "VIA"] {
-            assert!(Hop::writes(
-                &HeaderName::from_bytes(name.as_bytes()).unwrap()
-            ));
+            let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert!(earlier.note(&name, &value));
         }
-        assert!(!Hop::writes(&HOST));
+        assert!(!earlier.has_host());
+        assert!(!earlier.note(&HOST, &value));
+        assert!(earlier.has_host());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use http::response;
 use http::{Method, StatusCode, Version};
 use smallvec::SmallVec;
 
-use super::forward::Hop;
+use super::forward::{Earlier, Hop};
 
 /// The most bytes a response head may take (interim responses included).
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
@@ -76,25 +76,30 @@ impl RequestHead {
             _ => out.push(b'/'),
         }
         out.extend_from_slice(b" HTTP/1.1\r\n");
+        // One pass over the fields: what the hop's fields and the framing need is noted on
+        // the way, not looked up by name afterwards.
+        let mut earlier = Earlier::default();
+        let mut has_length = false;
         for (name, value) in &parts.headers {
-            if Hop::writes(name) {
+            if earlier.note(name, value) {
                 continue;
             }
+            has_length |= name == CONTENT_LENGTH;
             write_field(name, &mut out, |out| {
                 out.extend_from_slice(value.as_bytes())
             });
         }
-        if !parts.headers.contains_key(HOST) {
+        if !earlier.has_host() {
             write_field(&HOST, &mut out, |out| {
                 out.extend_from_slice(host.as_bytes())
             });
         }
         for name in Hop::fields() {
             write_field(name, &mut out, |out| {
-                hop.write_value(name, &parts.headers, out);
+                hop.write_value(name, &earlier, out);
             });
         }
-        let framing = if parts.headers.contains_key(CONTENT_LENGTH) {
+        let framing = if has_length {
             RequestFraming::Length
         } else if has_body {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
