@@ -21,7 +21,7 @@
 //! answers 503) — a burst no longer opens one connection per request.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -476,13 +476,18 @@ impl Pool {
     }
 
     /// Sends the request on `conn` and reads the response head.
-    async fn exchange(
-        &self,
+    ///
+    /// Not an `async fn`: one would keep its arguments twice (as given and as moved into its
+    /// body), and this future is part of every forwarded request's [`send`](Self::send) future,
+    /// which is boxed and costs least below 1,032 bytes (glibc's per-thread cache; see
+    /// `Gateway::forward`). Built here, the request's state is the block's only copy.
+    fn exchange<'a>(
+        &'a self,
         mut conn: Conn,
         pooled: bool,
-        head: &RequestHead,
+        head: &'a RequestHead,
         body: RequestBody,
-    ) -> Exchanged {
+    ) -> impl Future<Output = Exchanged> + Send + 'a {
         conn.write.clear();
         let mut sending = Sending {
             head,
@@ -496,26 +501,28 @@ impl Pool {
                 && head.framing == RequestFraming::Empty,
             heard: false,
         };
-        match poll_fn(|cx| conn.poll_exchange(cx, &mut sending)).await {
-            Ok(head) => Exchanged::Answered(Response::from_parts(
-                head.parts,
-                UpstreamBody {
-                    decoder: Decoder::new(head.framing),
-                    keep_alive: head.keep_alive,
-                    conn: Some(conn),
-                    pool: self.shared.clone(),
+        async move {
+            match poll_fn(|cx| conn.poll_exchange(cx, &mut sending)).await {
+                Ok(head) => Exchanged::Answered(Response::from_parts(
+                    head.parts,
+                    UpstreamBody {
+                        decoder: Decoder::new(head.framing),
+                        keep_alive: head.keep_alive,
+                        conn: Some(conn),
+                        pool: self.shared.clone(),
+                    },
+                )),
+                // Nothing was written, or the body was empty and never polled: it is whole.
+                Err(Failure::Unsent(e)) => match sending.body {
+                    Some(body) => {
+                        tracing::debug!("pooled upstream connection closed under the request: {e}");
+                        Exchanged::Unsent(body)
+                    }
+                    None => Exchanged::Failed(SendError::Upstream(e)),
                 },
-            )),
-            // Nothing was written, or the body was empty and never polled: it is whole.
-            Err(Failure::Unsent(e)) => match sending.body {
-                Some(body) => {
-                    tracing::debug!("pooled upstream connection closed under the request: {e}");
-                    Exchanged::Unsent(body)
-                }
-                None => Exchanged::Failed(SendError::Upstream(e)),
-            },
-            Err(Failure::Body(e)) => Exchanged::Failed(SendError::Body(e)),
-            Err(Failure::Upstream(e)) => Exchanged::Failed(SendError::Upstream(e)),
+                Err(Failure::Body(e)) => Exchanged::Failed(SendError::Body(e)),
+                Err(Failure::Upstream(e)) => Exchanged::Failed(SendError::Upstream(e)),
+            }
         }
     }
 
