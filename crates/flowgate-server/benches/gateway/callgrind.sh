@@ -56,17 +56,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat > "$OUT/upstream.conf" <<CONF
+ok_server_conf() { # NAME PORT [HEAD]: nginx, one worker, answering `ok` from memory on PORT
+  cat > "$OUT/$1.conf" <<CONF
+${3:-}
 worker_processes 1;
-pid $OUT/upstream.pid;
-error_log $OUT/upstream-error.log;
+pid $OUT/$1.pid;
+error_log $OUT/$1-error.log;
 events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 100000000;
-  server { listen 127.0.0.1:$UPSTREAM_PORT; location / { return 200 "ok"; } }
+  server { listen 127.0.0.1:$2; location / { return 200 "ok"; } }
 }
 CONF
+}
+# The upstream (a daemon), and the floor beside the proxies (in the foreground, under callgrind).
+ok_server_conf upstream "$UPSTREAM_PORT"
+ok_server_conf floor "$PROXY_PORT" "daemon off; master_process off;"
 nginx -c "$OUT/upstream.conf" -e "$OUT/upstream-error.log"
 
 # The same limits as run.sh: nginx limit_req with both zones, flowgate with both rules.
@@ -97,19 +103,6 @@ http {
       proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
     }
   }
-}
-CONF
-cat > "$OUT/floor.conf" <<CONF
-daemon off;
-master_process off;
-worker_processes 1;
-pid $OUT/floor.pid;
-error_log $OUT/floor-error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  server { listen 127.0.0.1:$PROXY_PORT; location / { return 200 "ok"; } }
 }
 CONF
 cat > "$OUT/flowgate.yaml" <<CONF
