@@ -782,3 +782,72 @@ async fn a_client_closed_for_violations_is_refused_by_the_penalty_box() {
         1.0
     );
 }
+
+/// Frames pass through as the client sent them: a fragmented message reaches the upstream
+/// whole (it echoes it), a ping is answered once — by the upstream: the gateway relays it and
+/// does not answer it itself — a close is answered with its own code and reason, and a frame
+/// that breaks RFC 6455 (unmasked, from a client: §5.1) is closed with 1002.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_pass_through_as_sent_and_a_broken_one_closes_with_1002() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::AsyncWriteExt;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::{CloseFrame, Frame};
+
+    let upstream = EchoUpstream::start().await;
+    let (server, addr) = start(&upstream, "limits:\n  max_message_size: 100").await;
+    let mut ws = open(addr, "/", &[]).await;
+    for (part, data, last) in [
+        ("hel", Data::Text, false),
+        ("lo ", Data::Continue, false),
+        ("world", Data::Continue, true),
+    ] {
+        let frame = Frame::message(part.as_bytes().to_vec(), OpCode::Data(data), last);
+        ws.send(Message::Frame(frame)).await.unwrap();
+    }
+    assert_eq!(next(&mut ws).await, Got::Text("hello world".into()));
+
+    ws.send(Message::Ping("p".into())).await.unwrap();
+    send(&mut ws, "after").await;
+    let mut pongs = 0;
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("a message within 5 s");
+        match read {
+            Some(Ok(Message::Pong(payload))) => {
+                assert_eq!(&payload[..], b"p");
+                pongs += 1;
+            }
+            Some(Ok(Message::Text(text))) => {
+                assert_eq!(text.as_str(), "after");
+                break;
+            }
+            other => panic!("expected a pong or the echo, got {other:?}"),
+        }
+    }
+    assert_eq!(pongs, 1, "one pong: the upstream's");
+
+    let bye = CloseFrame {
+        code: CloseCode::from(4000),
+        reason: "bye".into(),
+    };
+    ws.send(Message::Close(Some(bye))).await.unwrap();
+    assert_eq!(next(&mut ws).await, Got::Close(4000, "bye".into()));
+
+    let mut ws = open(addr, "/", &[]).await;
+    // An unmasked text frame "x", written past the client library (which would mask it).
+    ws.get_mut().write_all(&[0x81, 0x01, b'x']).await.unwrap();
+    assert_eq!(
+        next(&mut ws).await,
+        Got::Close(1002, "protocol error".into())
+    );
+    wait_released(&server).await;
+    assert_eq!(
+        server
+            .metric("flowgate_ws_closes_total{code=\"1002\"}")
+            .await,
+        1.0
+    );
+}

@@ -21,6 +21,7 @@
 //!
 //! See `docs/service.md` ("WebSocket gateway").
 
+mod frames;
 mod relay;
 mod upgrade;
 

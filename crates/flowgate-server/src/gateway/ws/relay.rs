@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,34 +14,24 @@ use std::time::Duration;
 
 use flowgate::ws::{Action, MessageInfo, Session, close_code};
 use futures_util::task::AtomicWaker;
-use futures_util::{Sink, Stream};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWrite;
 use tokio::time::{Instant, Sleep};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::error::ProtocolError;
-use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig as Protocol};
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
 
+use super::frames::{self, Inbound, Kind, ReadError};
 use super::{Runtime, WsGateway};
 use crate::config::websocket::SlowReader;
 
-/// A WebSocket over an upgraded HTTP connection.
-type Socket = WebSocketStream<TokioIo<Upgraded>>;
+/// An upgraded HTTP connection.
+type Io = TokioIo<Upgraded>;
 
 /// How long the closing handshake may take before the connection is dropped.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The read buffer of each socket: small, because the WebSocket library zero-fills the whole
-/// buffer before every read — also before a read that finds nothing — and idle connections are
-/// the common case. Measured with callgrind: with 4 KiB, zero-filling was 44 % of the
-/// gateway's instructions per relayed round trip; with its default of 128 KiB it would be
-/// ~40× a small message's whole cost. A larger message takes more reads (one per KiB).
-const READ_BUFFER: usize = 1024;
-
-/// Bytes the WebSocket library gathers before it writes to the socket (a flush writes sooner).
+/// Bytes gathered for one write to a socket: queued messages are copied into one buffer up to
+/// this much, so that a burst goes out in few system calls.
 const WRITE_BUFFER: usize = 8192;
 
 /// The sides of a relay.
@@ -52,10 +43,20 @@ enum Side {
     Upstream = 1,
 }
 
+impl Side {
+    /// The side a message from this one goes to.
+    fn other(self) -> Side {
+        match self {
+            Side::Client => Side::Upstream,
+            Side::Upstream => Side::Client,
+        }
+    }
+}
+
 /// One side's socket's wake-ups: they wake the relay's task and say that this side may have
 /// news, so a wake-up reads only the sides that may (a read that finds nothing costs a look
-/// at the socket and, in the WebSocket library, zero-filling its read buffer: with both sides
-/// read on every wake-up, four reads per relayed round trip instead of two).
+/// at the socket: with both sides read on every wake-up, four reads per relayed round trip
+/// instead of two).
 #[derive(Debug)]
 struct SideWake {
     /// Set by a wake-up from this side's socket; cleared just before the side is read.
@@ -109,13 +110,17 @@ impl SideWaker {
     }
 }
 
-/// Messages waiting to be written to one side.
+/// Messages waiting to be written to one side, as frames' bytes.
 #[derive(Debug, Default)]
 struct Queue {
-    /// The messages.
-    items: VecDeque<Message>,
-    /// Their payload bytes.
+    /// The messages not yet in `out`.
+    items: VecDeque<Vec<u8>>,
+    /// Their bytes.
     bytes: usize,
+    /// What the next writes send: messages copied in up to [`WRITE_BUFFER`] bytes.
+    out: Vec<u8>,
+    /// How much of `out` is written.
+    written: usize,
     /// Written but not yet flushed.
     dirty: bool,
 }
@@ -126,32 +131,53 @@ impl Queue {
         self.items.len() >= messages || self.bytes >= bytes
     }
 
-    fn push(&mut self, message: Message) {
-        self.bytes += message.len();
-        self.items.push_back(message);
+    /// Queues one message's frames. While nothing waits and the write buffer has room they go
+    /// straight into it (no allocation: the common case).
+    fn push(&mut self, frames: &[u8]) {
+        if self.items.is_empty() && self.out.len() < WRITE_BUFFER {
+            self.out.extend_from_slice(frames);
+        } else {
+            self.bytes += frames.len();
+            self.items.push_back(frames.to_vec());
+        }
     }
 
     /// Writes what the socket takes now and flushes; `Err` when the socket failed.
-    fn drive(&mut self, socket: &mut Socket, cx: &mut Context<'_>) -> Result<(), WsError> {
-        let mut socket = Pin::new(socket);
-        while !self.items.is_empty() {
-            match socket.as_mut().poll_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Err(e),
-                Poll::Pending => return Ok(()),
+    fn drive(&mut self, io: &mut Io, cx: &mut Context<'_>) -> io::Result<()> {
+        loop {
+            while self.out.len() < WRITE_BUFFER {
+                let Some(message) = self.items.pop_front() else {
+                    break;
+                };
+                self.bytes -= message.len();
+                self.out.extend_from_slice(&message);
             }
-            if let Some(message) = self.items.pop_front() {
-                self.bytes = self.bytes.saturating_sub(message.len());
-                socket.as_mut().start_send(message)?;
-                self.dirty = true;
+            if self.written == self.out.len() {
+                break;
+            }
+            match Pin::new(&mut *io).poll_write(cx, &self.out[self.written..]) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => {
+                    self.dirty = true;
+                    self.written += n;
+                    if self.written == self.out.len() {
+                        self.out.clear();
+                        self.written = 0;
+                    }
+                }
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => break,
             }
         }
         if self.items.is_empty() && self.items.capacity() > 16 {
             // A burst is over: give its memory back (idle connections stay small).
             self.items = VecDeque::new();
         }
+        if self.out.is_empty() && self.out.capacity() > 2 * WRITE_BUFFER {
+            self.out = Vec::new();
+        }
         if self.dirty {
-            match socket.as_mut().poll_flush(cx) {
+            match Pin::new(&mut *io).poll_flush(cx) {
                 Poll::Ready(Ok(())) => self.dirty = false,
                 Poll::Ready(Err(e)) => return Err(e),
                 Poll::Pending => {}
@@ -162,31 +188,31 @@ impl Queue {
 
     /// Whether everything queued has been written and flushed.
     fn done(&self) -> bool {
-        self.items.is_empty() && !self.dirty
+        self.items.is_empty() && self.out.is_empty() && !self.dirty
     }
 }
 
 /// A relayed connection.
 pub(super) struct Relay {
-    /// The client's socket and what waits to be written to it.
-    client: Socket,
-    /// The upstream's socket.
-    upstream: Socket,
+    /// The sockets, by [`Side`].
+    io: [Io; 2],
+    /// What each side sent, cut into messages, by [`Side`].
+    inbound: [Inbound; 2],
     /// Client → upstream limits. Boxed, as `outbound`: a session is about a kilobyte, and the
     /// futures that hand it on (the connection's task, this relay's) would each keep room
     /// for it inline for the connection's whole life.
     session: Box<Session>,
     /// Upstream → client limits, if any.
     outbound: Option<Box<Session>>,
-    /// `[to client, to upstream]`.
+    /// What waits to be written to each side, by [`Side`]: `[to client, to upstream]`.
     queues: [Queue; 2],
     /// What each socket is polled with, by [`Side`].
     wakers: [SideWaker; 2],
 }
 
 impl Relay {
-    /// Wraps both upgraded connections.
-    pub(super) async fn new(
+    /// Relays between both upgraded connections.
+    pub(super) fn new(
         runtime: &Runtime,
         client: Upgraded,
         upstream: Upgraded,
@@ -194,33 +220,19 @@ impl Relay {
         outbound: Option<Box<Session>>,
     ) -> Relay {
         let config = &runtime.config;
-        let protocol = |max: usize| {
-            Protocol::default()
-                .read_buffer_size(READ_BUFFER)
-                .write_buffer_size(WRITE_BUFFER)
-                .max_message_size(Some(max))
-                .max_frame_size(Some(max))
-        };
         let inbound_max = transport_max(&config.limits);
         let outbound_max = config
             .outbound
             .as_ref()
             .map_or(crate::config::websocket::DEFAULT_MAX_MESSAGE, transport_max);
-        let client = WebSocketStream::from_raw_socket(
-            TokioIo::new(client),
-            Role::Server,
-            Some(protocol(inbound_max)),
-        )
-        .await;
-        let upstream = WebSocketStream::from_raw_socket(
-            TokioIo::new(upstream),
-            Role::Client,
-            Some(protocol(outbound_max)),
-        )
-        .await;
+        // Only the classifier reads a client message's payload; nothing reads the upstream's.
+        let classify = !config.classifier.is_empty();
         Relay {
-            client,
-            upstream,
+            io: [TokioIo::new(client), TokioIo::new(upstream)],
+            inbound: [
+                Inbound::new(true, inbound_max, classify),
+                Inbound::new(false, outbound_max, false),
+            ],
             session,
             outbound,
             queues: [Queue::default(), Queue::default()],
@@ -229,7 +241,7 @@ impl Relay {
     }
 }
 
-/// The WebSocket library's bound on a message: one byte over the limiter's maximum, so that
+/// The relay's bound on a message: one byte over the limiter's maximum, so that
 /// the limiter sees (and counts) the first oversized size; without a maximum, the default.
 fn transport_max(limits: &flowgate::ws::WsPolicy) -> usize {
     match limits.max_message_size {
@@ -243,8 +255,9 @@ fn transport_max(limits: &flowgate::ws::WsPolicy) -> usize {
 
 /// What woke the relay.
 enum Event {
-    /// A message (or the end, or an error) from a side.
-    Read(Side, Option<Result<Message, WsError>>),
+    /// A message (or the end, or an error) from a side; its bytes are in the side's
+    /// [`Inbound`].
+    Read(Side, Option<Result<frames::Message, ReadError>>),
     /// Writing to a side failed.
     WriteFailed(Side),
     /// The gateway is stopping.
@@ -255,10 +268,10 @@ enum Event {
 
 /// How the relay ends for one side.
 enum End {
-    /// Send it this close frame.
-    Send(CloseFrame),
-    /// It sent a close frame: flush the WebSocket library's answer.
-    Answer,
+    /// Send it this close frame (its bytes), then wait for its own.
+    Send(Vec<u8>),
+    /// It sent a close frame: send it this answer, and that is the end.
+    Answer(Vec<u8>),
     /// It is gone (the connection broke).
     Gone,
 }
@@ -270,20 +283,38 @@ struct Ending {
 }
 
 impl Ending {
-    /// The same close frame to both sides.
-    fn both(f: CloseFrame) -> Self {
+    /// How it ends for `side`.
+    fn to(&mut self, side: Side) -> &mut End {
+        match side {
+            Side::Client => &mut self.to_client,
+            Side::Upstream => &mut self.to_upstream,
+        }
+    }
+
+    /// The same close code and reason to both sides.
+    fn both(code: u16, reason: &str) -> Self {
         Ending {
-            to_client: End::Send(f.clone()),
-            to_upstream: End::Send(f),
+            to_client: End::Send(close_frame(Side::Client, code, reason)),
+            to_upstream: End::Send(close_frame(Side::Upstream, code, reason)),
         }
     }
 }
 
-fn frame(code: u16, reason: &str) -> CloseFrame {
-    CloseFrame {
-        code: CloseCode::from(code),
-        reason: reason.to_owned().into(),
-    }
+/// A frame the gateway sends `to` a side: masked towards the upstream (the gateway is its
+/// client), not towards the client.
+fn own_frame(to: Side, opcode: OpCode, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 14);
+    frames::encode(&mut out, opcode, payload, to == Side::Upstream);
+    out
+}
+
+/// A close frame the gateway sends `to` a side.
+fn close_frame(to: Side, code: u16, reason: &str) -> Vec<u8> {
+    own_frame(
+        to,
+        OpCode::Control(Control::Close),
+        &frames::close_payload(code, reason),
+    )
 }
 
 /// Relays until one side closes, a verdict closes, a timeout or shutdown; then closes both
@@ -315,15 +346,16 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
     let ending = loop {
         let event = poll_fn(|cx| {
             let Relay {
-                client,
-                upstream,
+                io,
+                inbound,
                 queues,
                 wakers,
                 ..
             } = &mut relay;
+            let [client, upstream] = io;
             let [to_client, to_upstream] = queues;
-            // Each socket is polled with its side's waker (reads and writes: the WebSocket
-            // library wakes both for either), which wakes this task and marks the side.
+            // Each socket is polled with its side's waker (reads and writes), which wakes this
+            // task and marks the side.
             for waker in wakers.iter() {
                 waker.wake.task.register(cx.waker());
             }
@@ -369,6 +401,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     Side::Client => (&mut *client, &*to_upstream),
                     Side::Upstream => (&mut *upstream, &*to_client),
                 };
+                let reader = &mut inbound[side as usize];
                 let full = target.full(cap_messages, cap_bytes);
                 if full && policy == SlowReader::Pause {
                     if !paused[side as usize] {
@@ -384,7 +417,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                 if !waker.take_news() {
                     continue;
                 }
-                if let Poll::Ready(read) = Pin::new(socket).poll_next(&mut contexts[side as usize])
+                if let Poll::Ready(read) = reader.poll_message(socket, &mut contexts[side as usize])
                 {
                     waker.keep_news();
                     return Poll::Ready(Event::Read(side, read));
@@ -399,7 +432,7 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                 relay.session.closed_by_transport(1001);
                 break Ending {
                     to_client: End::Gone,
-                    to_upstream: End::Send(frame(1001, "client went away")),
+                    to_upstream: End::Send(close_frame(Side::Upstream, 1001, "client went away")),
                 };
             }
             Event::WriteFailed(Side::Upstream) => {
@@ -407,36 +440,39 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     .session
                     .closed_by_transport(close_code::INTERNAL_ERROR);
                 break Ending {
-                    to_client: End::Send(frame(close_code::INTERNAL_ERROR, "upstream failed")),
+                    to_client: End::Send(close_frame(
+                        Side::Client,
+                        close_code::INTERNAL_ERROR,
+                        "upstream failed",
+                    )),
                     to_upstream: End::Gone,
                 };
             }
             Event::Shutdown => {
                 relay.session.closed_by_transport(1001);
-                break Ending::both(frame(1001, "server shutting down"));
+                break Ending::both(1001, "server shutting down");
             }
             Event::Idle => {
                 relay.session.closed_by_transport(1001);
-                break Ending::both(frame(1001, "idle timeout"));
+                break Ending::both(1001, "idle timeout");
             }
         };
         let message = match read {
             Some(Ok(message)) => message,
-            None
-            | Some(Err(
-                WsError::ConnectionClosed
-                | WsError::AlreadyClosed
-                | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake),
-            )) => {
+            None => {
                 relay.session.closed_by_transport(1001);
                 break gone(side, 1001, "peer went away");
             }
             Some(Err(error)) => {
-                let (code, reason) = match &error {
-                    WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, "message too big"),
-                    WsError::Utf8(_) => (1007, "invalid UTF-8"),
-                    WsError::Protocol(_) => (1002, "protocol error"),
-                    _ => {
+                let (code, reason) = match error {
+                    ReadError::TooBig => (close_code::MESSAGE_TOO_BIG, "message too big"),
+                    ReadError::Utf8 => (1007, "invalid UTF-8"),
+                    ReadError::Protocol(why) => {
+                        tracing::debug!(?side, "protocol error: {why}");
+                        (1002, "protocol error")
+                    }
+                    ReadError::Io(e) => {
+                        tracing::debug!(?side, "reading failed: {e}");
                         relay.session.closed_by_transport(1001);
                         break gone(side, 1001, "peer went away");
                     }
@@ -446,66 +482,64 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     Side::Upstream => relay.outbound.as_deref().unwrap_or(&relay.session),
                 };
                 session.closed_by_transport(code);
-                let f = frame(code, reason);
-                let other = frame(1001, "peer closed");
-                break match side {
-                    Side::Client => Ending {
-                        to_client: End::Send(f),
-                        to_upstream: End::Send(other),
-                    },
-                    Side::Upstream => Ending {
-                        to_client: End::Send(other),
-                        to_upstream: End::Send(f),
-                    },
+                let other = side.other();
+                let mut ending = Ending {
+                    to_client: End::Gone,
+                    to_upstream: End::Gone,
                 };
+                *ending.to(side) = End::Send(close_frame(side, code, reason));
+                *ending.to(other) = End::Send(close_frame(other, 1001, "peer closed"));
+                break ending;
             }
         };
         last_message = Instant::now();
-        let payload = match &message {
-            Message::Text(text) => Some(text.as_bytes()),
-            Message::Binary(bytes) => Some(&bytes[..]),
-            Message::Close(close) => {
-                // Passed on; the library answers this side's close itself.
-                let f = close.clone();
-                let f = End::Send(f.unwrap_or_else(|| frame(1000, "")));
-                break match side {
-                    Side::Client => Ending {
-                        to_client: End::Answer,
-                        to_upstream: f,
-                    },
-                    Side::Upstream => Ending {
-                        to_client: f,
-                        to_upstream: End::Answer,
-                    },
+        let reader = &relay.inbound[side as usize];
+        let payload = match message.kind {
+            Kind::Text | Kind::Binary => Some(reader.payload()),
+            Kind::Close => {
+                // Passed on as it came; answered with its own code and reason (RFC 6455
+                // §5.5.1), or with none when it had none.
+                let answer = reader
+                    .close()
+                    .map(|(code, reason)| frames::close_payload(code, reason))
+                    .unwrap_or_default();
+                let mut ending = Ending {
+                    to_client: End::Gone,
+                    to_upstream: End::Gone,
                 };
+                *ending.to(side.other()) = End::Send(reader.frames().to_vec());
+                *ending.to(side) =
+                    End::Answer(own_frame(side, OpCode::Control(Control::Close), &answer));
+                break ending;
             }
-            // Ping and pong pass through unjudged.
-            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => None,
+            // Ping and pong pass through unjudged; the other side answers pings.
+            Kind::Ping | Kind::Pong => None,
         };
         let verdict = match (payload, side) {
             (None, _) => Action::Forward,
             (Some(payload), Side::Client) => {
                 let classified = runtime.config.classifier.classify(payload);
-                let judged: MessageInfo<'_> = classified.message(payload.len());
+                let judged: MessageInfo<'_> = classified.message(message.size);
                 // Boxed: the decision's future lives only while a message is judged, and an
                 // idle connection should not carry its space (see `docs/service.md`, memory).
                 Box::pin(relay.session.check(store, &judged)).await
             }
-            (Some(payload), Side::Upstream) => match relay.outbound.as_deref_mut() {
+            (Some(_), Side::Upstream) => match relay.outbound.as_deref_mut() {
                 None => Action::Forward,
                 Some(outbound) => {
-                    Box::pin(outbound.check(store, &MessageInfo::new(payload.len()))).await
+                    Box::pin(outbound.check(store, &MessageInfo::new(message.size))).await
                 }
             },
         };
         match verdict {
             Action::Forward => {
-                let target = &mut relay.queues[1 - side as usize];
+                let frames = relay.inbound[side as usize].frames();
+                let target = &mut relay.queues[side.other() as usize];
                 if target.full(cap_messages, cap_bytes) {
                     match policy {
                         // Pause: reading stopped before the queue could overflow, except for
                         // the one message read as it filled.
-                        SlowReader::Pause => target.push(message),
+                        SlowReader::Pause => target.push(frames),
                         SlowReader::Drop => {
                             gateway.slow.dropped[side as usize].fetch_add(1, Ordering::Relaxed);
                         }
@@ -514,14 +548,11 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                             relay
                                 .session
                                 .closed_by_transport(close_code::TRY_AGAIN_LATER);
-                            break Ending::both(frame(
-                                close_code::TRY_AGAIN_LATER,
-                                "cannot keep up",
-                            ));
+                            break Ending::both(close_code::TRY_AGAIN_LATER, "cannot keep up");
                         }
                     }
                 } else {
-                    target.push(message);
+                    target.push(frames);
                 }
             }
             Action::Reject(rejection) if side == Side::Client => {
@@ -529,10 +560,14 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                 let to_client = &mut relay.queues[Side::Client as usize];
                 // An error frame that does not fit is dropped: the buffer stays bounded.
                 if !to_client.full(cap_messages, cap_bytes) {
-                    to_client.push(Message::text(text));
+                    to_client.push(&own_frame(
+                        Side::Client,
+                        OpCode::Data(Data::Text),
+                        text.as_bytes(),
+                    ));
                 }
             }
-            Action::Close(close) => break Ending::both(frame(close.code, &close.reason)),
+            Action::Close(close) => break Ending::both(close.code, &close.reason),
             // An upstream message over the outbound limits is dropped (counted); a verdict
             // this gateway does not know is not forwarded either.
             _ => {}
@@ -543,16 +578,13 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
 
 /// `side` is gone without a close frame: close the other one with `code`.
 fn gone(side: Side, code: u16, reason: &str) -> Ending {
-    match side {
-        Side::Client => Ending {
-            to_client: End::Gone,
-            to_upstream: End::Send(frame(code, reason)),
-        },
-        Side::Upstream => Ending {
-            to_client: End::Send(frame(code, reason)),
-            to_upstream: End::Gone,
-        },
-    }
+    let other = side.other();
+    let mut ending = Ending {
+        to_client: End::Gone,
+        to_upstream: End::Gone,
+    };
+    *ending.to(other) = End::Send(close_frame(other, code, reason));
+    ending
 }
 
 /// Sends each side its close frame after what was queued for it, and waits (at most
@@ -560,8 +592,8 @@ fn gone(side: Side, code: u16, reason: &str) -> Ending {
 /// everything.
 async fn finish(relay: Relay, ending: Ending) {
     let Relay {
-        mut client,
-        mut upstream,
+        mut io,
+        mut inbound,
         mut queues,
         session,
         outbound,
@@ -569,54 +601,50 @@ async fn finish(relay: Relay, ending: Ending) {
     } = relay;
     // The limiters' state is released now; the close handshake needs none of it.
     drop((session, outbound));
-    let [mut to_client, mut to_upstream] = std::mem::take(&mut queues);
+    // Per side: still open, and waiting for its close frame.
     let mut open = [true; 2];
-    for (i, (end, queue)) in [
-        (ending.to_client, &mut to_client),
-        (ending.to_upstream, &mut to_upstream),
-    ]
-    .into_iter()
-    .enumerate()
+    let mut awaiting = [true; 2];
+    for (i, end) in [ending.to_client, ending.to_upstream]
+        .into_iter()
+        .enumerate()
     {
         match end {
-            End::Send(f) => queue.push(Message::Close(Some(f))),
-            End::Answer => {
+            End::Send(close) => queues[i].push(&close),
+            End::Answer(close) => {
                 // Nothing else is sent to a side that closed; its close is answered.
-                *queue = Queue {
-                    dirty: true,
-                    ..Queue::default()
-                };
+                queues[i] = Queue::default();
+                queues[i].push(&close);
+                awaiting[i] = false;
             }
             End::Gone => open[i] = false,
         }
     }
     let closing = poll_fn(|cx| {
-        for (i, (queue, socket)) in [
-            (&mut to_client, &mut client),
-            (&mut to_upstream, &mut upstream),
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for i in 0..2 {
             if !open[i] {
                 continue;
             }
-            if queue.drive(socket, cx).is_err() {
+            if queues[i].drive(&mut io[i], cx).is_err() {
                 open[i] = false;
                 continue;
             }
-            if queue.done() {
-                // Read (and discard) until the peer answers the close: closing a socket with
-                // unread data would reset it and could lose the close frame.
-                loop {
-                    match Pin::new(&mut *socket).poll_next(cx) {
-                        Poll::Ready(Some(Ok(_))) => continue,
-                        Poll::Ready(_) => {
-                            open[i] = false;
-                            break;
-                        }
-                        Poll::Pending => break,
+            if !queues[i].done() {
+                continue;
+            }
+            if !awaiting[i] {
+                open[i] = false;
+                continue;
+            }
+            // Read (and discard) until the peer answers the close: closing a socket with
+            // unread data would reset it and could lose the close frame.
+            loop {
+                match inbound[i].poll_message(&mut io[i], cx) {
+                    Poll::Ready(Some(Ok(message))) if message.kind != Kind::Close => continue,
+                    Poll::Ready(_) => {
+                        open[i] = false;
+                        break;
                     }
+                    Poll::Pending => break,
                 }
             }
         }

@@ -193,15 +193,7 @@ pub(super) async fn handle(
             }
             Err(_) => return,
         };
-        // Boxed, so that this task's own state is only what waits for the client's upgrade.
-        let relay = Box::pin(Relay::new(
-            &runtime,
-            client_io,
-            upstream.io,
-            session,
-            outbound,
-        ))
-        .await;
+        let relay = Relay::new(&runtime, client_io, upstream.io, session, outbound);
         let _counted = Counted::new(&gateway.relays);
         Box::pin(relay::run(relay, &gateway, &runtime)).await;
     });
