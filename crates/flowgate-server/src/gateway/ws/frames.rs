@@ -20,6 +20,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control
 /// How much a read asks for at least. An idle connection keeps this much per side.
 const READ_CHUNK: usize = 1024;
 
+/// The most buffer memory a side keeps between messages: a buffer grown past it by a large
+/// message is let go once that message is done with (idle connections stay small).
+const KEPT: usize = 16 * 1024;
+
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -103,6 +107,8 @@ pub(super) struct Inbound {
     close: Vec<u8>,
     /// How many bytes the frame being read needs in the buffer.
     need: usize,
+    /// Whether the buffer was grown past [`KEPT`] for a large frame.
+    grown: bool,
 }
 
 impl Inbound {
@@ -120,6 +126,7 @@ impl Inbound {
             data_returned: false,
             close: Vec::new(),
             need: 0,
+            grown: false,
         }
     }
 
@@ -136,8 +143,9 @@ impl Inbound {
                 Err(e) => return Poll::Ready(Some(Err(e))),
                 Ok(None) => {}
             }
-            self.buffer
-                .reserve(self.need.saturating_sub(self.buffer.len()).max(READ_CHUNK));
+            let room = self.need.saturating_sub(self.buffer.len()).max(READ_CHUNK);
+            self.grown |= room > KEPT;
+            self.buffer.reserve(room);
             match ready!(tokio_util::io::poll_read_buf(
                 Pin::new(&mut *io),
                 cx,
@@ -187,6 +195,14 @@ impl Inbound {
             Held::Nothing => {}
             Held::Buffer(n) => self.buffer.advance(n),
             Held::Fragments => self.fragments = None,
+        }
+        if self.grown && self.buffer.is_empty() {
+            // `capacity` would not tell: it counts from where the last message ended.
+            self.buffer = BytesMut::new();
+            self.grown = false;
+        }
+        if self.fragments.is_none() && self.payload.capacity() > KEPT {
+            self.payload = Vec::new();
         }
     }
 
@@ -588,6 +604,29 @@ mod tests {
         let mut inbound = Inbound::new(true, 1000, false);
         inbound.buffer.extend_from_slice(&header);
         assert!(matches!(inbound.next(), Err(ReadError::TooBig)));
+    }
+
+    #[test]
+    fn a_large_messages_memory_is_let_go_once_it_is_done_with() {
+        let input = frame(true, 0x2, &[7; 100_000], KEY);
+        let mut peer = Trickle {
+            input: &input,
+            chunk: 1 << 20,
+        };
+        let mut inbound = Inbound::new(true, 1 << 20, true);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let Poll::Ready(Some(Ok(message))) = inbound.poll_message(&mut peer, &mut cx) else {
+            panic!("the message");
+        };
+        assert_eq!(message.size, 100_000);
+        assert!(inbound.buffer.capacity() >= 100_000 && inbound.payload.capacity() >= 100_000);
+        // The next read (the end, here) lets the message go, and its memory with it.
+        assert!(matches!(
+            inbound.poll_message(&mut peer, &mut cx),
+            Poll::Ready(None)
+        ));
+        assert!(inbound.buffer.capacity() <= KEPT + READ_CHUNK);
+        assert!(inbound.payload.capacity() <= KEPT);
     }
 
     #[test]
