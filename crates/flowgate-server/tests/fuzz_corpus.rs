@@ -18,6 +18,7 @@ const TARGETS: &[(&str, Entry)] = &[
     ("jwt", fuzzing::jwt),
     ("ws_message", fuzzing::ws_message),
     ("gateway_head", fuzzing::gateway_head),
+    ("ws_frames", fuzzing::ws_frames),
 ];
 
 fn fuzz_dir() -> PathBuf {

@@ -14,6 +14,7 @@
 //! | [`client_ip`] | header lines | `X-Forwarded-For` / `Forwarded` parsing behind trusted proxies, IP keys |
 //! | [`jwt`] | a token, or claims to sign | bearer-token parsing, verification and claim extraction |
 //! | [`ws_message`] | a WebSocket message | classification (JSON pointers), costs and a per-message decision |
+//! | [`ws_frames`] | a WebSocket peer's bytes | the WebSocket gateway's frame reader: whole messages within the maximum, then an error or the end |
 //! | [`gateway_head`] | an HTTP/1.1 request head | the gateway's head handling: `Host` rules, descriptors, hop-by-hop removal, forwarding fields |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -507,4 +508,76 @@ pub fn gateway_head(data: &[u8]) {
         [b"10.0.0.9".as_slice()],
         "the client's own X-Forwarded-For was kept"
     );
+}
+
+/// The most a message may be in [`ws_frames`].
+const WS_FRAMES_MAX: usize = 1000;
+
+/// A peer whose bytes arrive at most `chunk` at a time, then end.
+struct Trickle<'a> {
+    /// What is left to arrive.
+    input: &'a [u8],
+    /// The most one read returns.
+    chunk: usize,
+}
+
+impl tokio::io::AsyncRead for Trickle<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let n = self.chunk.min(self.input.len()).min(buf.remaining());
+        buf.put_slice(&self.input[..n]);
+        self.input = &self.input[n..];
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A WebSocket peer's bytes as the WebSocket gateway reads them. The first byte says how: bit 0
+/// a client's (masked) frames, bit 1 payloads kept for the classifier, the other six bits the
+/// most one read returns (0: all at once). Every message read must be whole and within the
+/// maximum — its frames' bytes at least its payload and a header, its kept payload exactly its
+/// size, a close frame's code one a peer may send — and reading must end in an error or at
+/// the end of the bytes.
+pub fn ws_frames(data: &[u8]) {
+    use flowgate_server::gateway::ws::frames::{Inbound, Kind};
+    let Some((&how, input)) = data.split_first() else {
+        return;
+    };
+    let (masked, keep) = (how & 1 != 0, how & 2 != 0);
+    let chunk = match usize::from(how >> 2) {
+        0 => usize::MAX,
+        n => n,
+    };
+    let mut inbound = Inbound::new(masked, WS_FRAMES_MAX, keep);
+    let mut peer = Trickle { input, chunk };
+    let mut cx = Context::from_waker(Waker::noop());
+    // A message takes at least its two-byte header: no more messages than half the bytes.
+    for _ in 0..=input.len() / 2 {
+        match inbound.poll_message(&mut peer, &mut cx) {
+            Poll::Ready(Some(Ok(message))) => {
+                assert!(
+                    message.size <= WS_FRAMES_MAX,
+                    "{message:?} over the maximum"
+                );
+                assert!(inbound.frames().len() >= message.size + 2, "{message:?}");
+                match message.kind {
+                    Kind::Text | Kind::Binary if keep => {
+                        assert_eq!(inbound.payload().len(), message.size);
+                    }
+                    Kind::Close => {
+                        if let Some((code, reason)) = inbound.close() {
+                            assert!((1000..5000).contains(&code), "close code {code}");
+                            assert!(reason.len() <= 123);
+                        }
+                    }
+                    _ => assert!(inbound.payload().is_empty()),
+                }
+            }
+            Poll::Ready(_) => return,
+            Poll::Pending => panic!("a trickle never waits"),
+        }
+    }
+    panic!("more messages than the bytes can hold");
 }

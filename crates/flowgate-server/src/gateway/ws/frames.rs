@@ -26,7 +26,7 @@ const KEPT: usize = 16 * 1024;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub enum Kind {
     /// A text message.
     Text,
     /// A binary message.
@@ -42,16 +42,16 @@ pub(super) enum Kind {
 /// A whole message read from a side. Its frames' bytes ([`Inbound::frames`]) and, when kept,
 /// its payload ([`Inbound::payload`]) stay readable until the next read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Message {
+pub struct Message {
     /// What it is.
-    pub(super) kind: Kind,
+    pub kind: Kind,
     /// Its payload's size, over all its frames.
-    pub(super) size: usize,
+    pub size: usize,
 }
 
 /// Why a side's messages cannot be read.
 #[derive(Debug)]
-pub(super) enum ReadError {
+pub enum ReadError {
     /// A frame breaks RFC 6455 (the reason, for logs and tests).
     Protocol(&'static str),
     /// A close frame's reason is not UTF-8.
@@ -86,7 +86,7 @@ enum Held {
 
 /// One side's incoming bytes, cut into messages.
 #[derive(Debug)]
-pub(super) struct Inbound {
+pub struct Inbound {
     /// Bytes read and not yet returned.
     buffer: BytesMut,
     /// Whether this side's frames are masked (a client's must be; an upstream's must not).
@@ -114,7 +114,7 @@ pub(super) struct Inbound {
 impl Inbound {
     /// A side's reader: `masked` for the client's side; messages up to `max_message` bytes;
     /// `keep_payload` when data payloads must be readable.
-    pub(super) fn new(masked: bool, max_message: usize, keep_payload: bool) -> Self {
+    pub fn new(masked: bool, max_message: usize, keep_payload: bool) -> Self {
         Inbound {
             buffer: BytesMut::new(),
             masked,
@@ -131,7 +131,7 @@ impl Inbound {
     }
 
     /// The next whole message: `None` when the connection ended (EOF).
-    pub(super) fn poll_message<R: AsyncRead + Unpin>(
+    pub fn poll_message<R: AsyncRead + Unpin>(
         &mut self,
         io: &mut R,
         cx: &mut Context<'_>,
@@ -160,7 +160,7 @@ impl Inbound {
 
     /// The bytes of the message last returned, as they came: one frame, or all of a
     /// fragmented message's frames (control frames sent between them are returned apart).
-    pub(super) fn frames(&self) -> &[u8] {
+    pub fn frames(&self) -> &[u8] {
         match self.held {
             Held::Nothing => &[],
             Held::Buffer(n) => &self.buffer[..n],
@@ -170,7 +170,7 @@ impl Inbound {
 
     /// The payload of the data message last returned, unmasked; empty unless payloads are
     /// kept, or when the message last returned is a control frame.
-    pub(super) fn payload(&self) -> &[u8] {
+    pub fn payload(&self) -> &[u8] {
         if self.data_returned {
             &self.payload
         } else {
@@ -179,7 +179,7 @@ impl Inbound {
     }
 
     /// The code and reason of the close frame last returned (`None`: it had no payload).
-    pub(super) fn close(&self) -> Option<(u16, &str)> {
+    pub fn close(&self) -> Option<(u16, &str)> {
         let (code, reason) = self.close.split_first_chunk::<2>()?;
         // Checked when the frame was read.
         Some((
@@ -345,7 +345,7 @@ fn unmask(bytes: &mut [u8], mask: Option<[u8; 4]>) {
 
 /// Appends one whole frame the gateway sends itself: `masked` towards the upstream (a client's
 /// frames must be, with a fresh key each), unmasked towards the client.
-pub(super) fn encode(out: &mut Vec<u8>, opcode: OpCode, payload: &[u8], masked: bool) {
+pub fn encode(out: &mut Vec<u8>, opcode: OpCode, payload: &[u8], masked: bool) {
     let header = FrameHeader {
         is_final: true,
         opcode,
@@ -361,7 +361,7 @@ pub(super) fn encode(out: &mut Vec<u8>, opcode: OpCode, payload: &[u8], masked: 
 
 /// A close frame's payload: the code, then the reason (cut to fit the 125 bytes of a control
 /// frame, at a character boundary).
-pub(super) fn close_payload(code: u16, reason: &str) -> Vec<u8> {
+pub fn close_payload(code: u16, reason: &str) -> Vec<u8> {
     let mut end = reason.len().min(123);
     while !reason.is_char_boundary(end) {
         end -= 1;

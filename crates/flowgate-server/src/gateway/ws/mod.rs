@@ -21,7 +21,9 @@
 //!
 //! See `docs/service.md` ("WebSocket gateway").
 
-mod frames;
+// Public (hidden) for the fuzz targets, `flowgate_testing::fuzzing`.
+#[doc(hidden)]
+pub mod frames;
 mod relay;
 mod upgrade;
 
