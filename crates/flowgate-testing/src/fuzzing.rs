@@ -513,27 +513,6 @@ pub fn gateway_head(data: &[u8]) {
 /// The most a message may be in [`ws_frames`].
 const WS_FRAMES_MAX: usize = 1000;
 
-/// A peer whose bytes arrive at most `chunk` at a time, then end.
-struct Trickle<'a> {
-    /// What is left to arrive.
-    input: &'a [u8],
-    /// The most one read returns.
-    chunk: usize,
-}
-
-impl tokio::io::AsyncRead for Trickle<'_> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let n = self.chunk.min(self.input.len()).min(buf.remaining());
-        buf.put_slice(&self.input[..n]);
-        self.input = &self.input[n..];
-        Poll::Ready(Ok(()))
-    }
-}
-
 /// A WebSocket peer's bytes as the WebSocket gateway reads them. The first byte says how: bit 0
 /// a client's (masked) frames, bit 1 payloads kept for the classifier, the other six bits the
 /// most one read returns (0: all at once). Every message read must be whole and within the
@@ -551,7 +530,7 @@ pub fn ws_frames(data: &[u8]) {
         n => n,
     };
     let mut inbound = Inbound::new(masked, WS_FRAMES_MAX, keep);
-    let mut peer = Trickle { input, chunk };
+    let mut peer = crate::trickle::Trickle::new(input, chunk);
     let mut cx = Context::from_waker(Waker::noop());
     // A message takes at least its two-byte header: no more messages than half the bytes.
     for _ in 0..=input.len() / 2 {

@@ -7,6 +7,7 @@
 //! | [`leases`] | a lease store that is away (every call `Unavailable`) | — |
 //! | [`net`] | a port held closed; candidate ports for child processes that bind their own | — |
 //! | [`proxy`] | a TCP proxy on loopback that adds latency or holds traffic (fault tests) | — |
+//! | [`trickle`] | a reader whose bytes arrive a few at a time (parsers under any cut) | — |
 //! | [`window`] | a sequence of requests run again, on fresh keys, when a wall-clock window ended during it | — |
 //! | `redis` | real `redis-server` processes and Redis Clusters | `redis` |
 //! | `server` | a Flowgate server in-process on listeners bound to port 0 | `server` |
@@ -47,6 +48,7 @@ pub mod proxy;
 pub mod redis;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod trickle;
 #[cfg(feature = "server")]
 pub mod upstream;
 pub mod window;

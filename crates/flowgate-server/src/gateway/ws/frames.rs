@@ -20,6 +20,11 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control
 /// How much a read asks for at least. An idle connection keeps this much per side.
 const READ_CHUNK: usize = 1024;
 
+/// Frame headers a fragmented message may carry beside its payload (a 14-byte header each):
+/// its frames are held until the last one, so empty fragments without end must not grow them
+/// without bound. About 1,000 fragments; a message in more is refused as too big.
+const FRAGMENT_HEADERS: usize = 16 * 1024;
+
 /// The most buffer memory a side keeps between messages: a buffer grown past it by a large
 /// message is let go once that message is done with (idle connections stay small).
 const KEPT: usize = 16 * 1024;
@@ -265,8 +270,14 @@ impl Inbound {
                     if data != Data::Continue && self.fragments.is_some() {
                         return Err(ReadError::Protocol("new message inside a fragmented one"));
                     }
-                    let before = self.fragments.as_ref().map_or(0, |f| f.size);
-                    if before.saturating_add(size) > self.max_message {
+                    let (before, held) = self
+                        .fragments
+                        .as_ref()
+                        .map_or((0, 0), |f| (f.size, f.frames.len()));
+                    if before.saturating_add(size) > self.max_message
+                        || held.saturating_add(head + size)
+                            > self.max_message.saturating_add(FRAGMENT_HEADERS)
+                    {
                         return Err(ReadError::TooBig);
                     }
                     kind
@@ -375,6 +386,7 @@ pub fn close_payload(code: u16, reason: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flowgate_testing::trickle::Trickle;
 
     /// A frame as a peer would send it.
     fn frame(fin: bool, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
@@ -402,25 +414,6 @@ mod tests {
 
     const KEY: Option<[u8; 4]> = Some([0x37, 0xfa, 0x21, 0x3d]);
 
-    /// A peer whose bytes arrive `chunk` at a time, then end.
-    struct Trickle<'a> {
-        input: &'a [u8],
-        chunk: usize,
-    }
-
-    impl AsyncRead for Trickle<'_> {
-        fn poll_read(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            buf: &mut tokio::io::ReadBuf<'_>,
-        ) -> Poll<io::Result<()>> {
-            let n = self.chunk.min(self.input.len()).min(buf.remaining());
-            buf.put_slice(&self.input[..n]);
-            self.input = &self.input[n..];
-            Poll::Ready(Ok(()))
-        }
-    }
-
     /// A message read: what it is, its frames' bytes, its payload.
     type Read = (Message, Vec<u8>, Vec<u8>);
 
@@ -431,7 +424,7 @@ mod tests {
         input: &[u8],
         chunk: usize,
     ) -> (Vec<Read>, Option<ReadError>) {
-        let mut peer = Trickle { input, chunk };
+        let mut peer = Trickle::new(input, chunk);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut seen = Vec::new();
         loop {
@@ -596,6 +589,26 @@ mod tests {
     }
 
     #[test]
+    fn endless_empty_fragments_are_refused_before_their_headers_fill_memory() {
+        let mut input = frame(false, 0x2, b"", KEY);
+        for _ in 0..4000 {
+            input.extend(frame(false, 0x0, b"", KEY));
+        }
+        let (seen, end) = read_all(Inbound::new(true, 1000, false), &input, 4096);
+        assert!(seen.is_empty());
+        assert!(matches!(end, Some(ReadError::TooBig)), "{end:?}");
+        // A message in a few hundred fragments is fine.
+        let mut input = frame(false, 0x2, b"a", KEY);
+        for _ in 0..300 {
+            input.extend(frame(false, 0x0, b"b", KEY));
+        }
+        input.extend(frame(true, 0x0, b"c", KEY));
+        let (seen, end) = read_all(Inbound::new(true, 1000, false), &input, 4096);
+        assert!(end.is_none(), "{end:?}");
+        assert_eq!(seen[0].0.size, 302);
+    }
+
+    #[test]
     fn an_oversized_frame_is_refused_from_its_header_before_its_payload_is_read() {
         // Only the header arrives: the reader must not wait for 1 MiB it will refuse.
         let mut header = frame(true, 0x2, &[], KEY);
@@ -609,10 +622,7 @@ mod tests {
     #[test]
     fn a_large_messages_memory_is_let_go_once_it_is_done_with() {
         let input = frame(true, 0x2, &[7; 100_000], KEY);
-        let mut peer = Trickle {
-            input: &input,
-            chunk: 1 << 20,
-        };
+        let mut peer = Trickle::new(&input, 1 << 20);
         let mut inbound = Inbound::new(true, 1 << 20, true);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let Poll::Ready(Some(Ok(message))) = inbound.poll_message(&mut peer, &mut cx) else {

@@ -283,11 +283,15 @@ struct Ending {
 }
 
 impl Ending {
-    /// How it ends for `side`.
-    fn to(&mut self, side: Side) -> &mut End {
-        match side {
-            Side::Client => &mut self.to_client,
-            Side::Upstream => &mut self.to_upstream,
+    /// How it ends for `side`, and for the other side.
+    fn new(side: Side, to_side: End, to_other: End) -> Self {
+        let (to_client, to_upstream) = match side {
+            Side::Client => (to_side, to_other),
+            Side::Upstream => (to_other, to_side),
+        };
+        Ending {
+            to_client,
+            to_upstream,
         }
     }
 
@@ -482,14 +486,11 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     Side::Upstream => relay.outbound.as_deref().unwrap_or(&relay.session),
                 };
                 session.closed_by_transport(code);
-                let other = side.other();
-                let mut ending = Ending {
-                    to_client: End::Gone,
-                    to_upstream: End::Gone,
-                };
-                *ending.to(side) = End::Send(close_frame(side, code, reason));
-                *ending.to(other) = End::Send(close_frame(other, 1001, "peer closed"));
-                break ending;
+                break Ending::new(
+                    side,
+                    End::Send(close_frame(side, code, reason)),
+                    End::Send(close_frame(side.other(), 1001, "peer closed")),
+                );
             }
         };
         last_message = Instant::now();
@@ -503,14 +504,11 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
                     .close()
                     .map(|(code, reason)| frames::close_payload(code, reason))
                     .unwrap_or_default();
-                let mut ending = Ending {
-                    to_client: End::Gone,
-                    to_upstream: End::Gone,
-                };
-                *ending.to(side.other()) = End::Send(reader.frames().to_vec());
-                *ending.to(side) =
-                    End::Answer(own_frame(side, OpCode::Control(Control::Close), &answer));
-                break ending;
+                break Ending::new(
+                    side,
+                    End::Answer(own_frame(side, OpCode::Control(Control::Close), &answer)),
+                    End::Send(reader.frames().to_vec()),
+                );
             }
             // Ping and pong pass through unjudged; the other side answers pings.
             Kind::Ping | Kind::Pong => None,
@@ -578,13 +576,11 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
 
 /// `side` is gone without a close frame: close the other one with `code`.
 fn gone(side: Side, code: u16, reason: &str) -> Ending {
-    let other = side.other();
-    let mut ending = Ending {
-        to_client: End::Gone,
-        to_upstream: End::Gone,
-    };
-    *ending.to(other) = End::Send(close_frame(other, code, reason));
-    ending
+    Ending::new(
+        side,
+        End::Gone,
+        End::Send(close_frame(side.other(), code, reason)),
+    )
 }
 
 /// Sends each side its close frame after what was queued for it, and waits (at most
