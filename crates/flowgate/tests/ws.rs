@@ -622,3 +622,93 @@ fn refusals_render_as_429_with_retry_after_and_the_rate_limit_fields_when_counte
     assert!(response.headers().get("ratelimit").is_none());
     assert_eq!(response.headers()["cache-control"], "no-store");
 }
+
+/// `check_local` leaves a message to the store exactly when a layer kept there applies — the
+/// user's, the room's, a slowmode the role is not exempt from — so the gateway, which skips
+/// the store when told so, decides as `check` does: every combination of those layers, of the
+/// client's user, role and room and of the message's room, on fresh sessions and stores.
+#[tokio::test]
+async fn check_local_asks_the_store_exactly_when_a_store_layer_applies() {
+    use flowgate::ws::Checked;
+    let mut cases = 0;
+    for bits in 0u32..(1 << 8) {
+        let on = |bit: u32| bits & (1 << bit) != 0;
+        let (user_layer, room_layer, slowmode, room_slowmode) = (on(0), on(1), on(2), on(3));
+        let (has_user, moderator, client_room, message_room) = (on(4), on(5), on(6), on(7));
+        let build = || {
+            let mut builder = WsLimiter::builder()
+                .clock(ManualClock::new(START))
+                .messages(Quota::per_second(100))
+                .slowmode_exempt("moderator");
+            if user_layer {
+                builder = builder.user_messages(Quota::per_second(100));
+            }
+            if room_layer {
+                builder = builder.room_messages(Quota::per_second(100));
+            }
+            if slowmode {
+                builder = builder.slowmode(Duration::from_secs(1));
+            }
+            if room_slowmode {
+                builder = builder.slowmode_for_room("lobby", Duration::from_secs(1));
+            }
+            builder.build().unwrap()
+        };
+        let client = || {
+            let mut client = Client::new("192.0.2.1");
+            if has_user {
+                client = client.user("ann");
+            }
+            if moderator {
+                client = client.role("moderator");
+            }
+            if client_room {
+                client = client.room("lobby");
+            }
+            client
+        };
+        let message = if message_room {
+            chat().room("lobby")
+        } else {
+            chat()
+        };
+        let store_scopes = |limiter: &WsLimiter<ManualClock>| {
+            limiter
+                .stats()
+                .decisions
+                .iter()
+                .filter(|(scope, _, n)| {
+                    *n > 0 && matches!(scope, Scope::User | Scope::Room | Scope::Slowmode)
+                })
+                .count()
+        };
+        // What `check` does, on its own limiter and store.
+        let (_, store) = clock_and_store();
+        let whole = build();
+        let action = whole.admit(client()).unwrap().check(&store, &message).await;
+        let store_used = store.stats().keys > 0;
+        assert_eq!(store_used, store_scopes(&whole) > 0, "case {bits:#010b}");
+        // The two steps, on another.
+        let (_, store) = clock_and_store();
+        let split = build();
+        let mut session = split.admit(client()).unwrap();
+        match session.check_local(&message) {
+            Checked::Decided(decided) => {
+                assert!(!store_used, "case {bits:#010b}: a store layer was skipped");
+                assert_eq!(decided, action, "case {bits:#010b}");
+            }
+            Checked::AskStore(pending) => {
+                assert!(store_used, "case {bits:#010b}: the store asked for nothing");
+                let decided = session.check_store(&store, &message, pending).await;
+                assert_eq!(decided, action, "case {bits:#010b}");
+                assert_eq!(
+                    store_scopes(&split),
+                    store_scopes(&whole),
+                    "case {bits:#010b}"
+                );
+            }
+        }
+        cases += 1;
+    }
+    assert_eq!(cases, 256);
+}

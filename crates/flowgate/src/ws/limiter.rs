@@ -376,6 +376,26 @@ impl<C: Clock> Drop for Session<C> {
     }
 }
 
+/// What [`Session::check_local`] decided: the message's action, or that the layers kept in the
+/// store must be asked ([`Session::check_store`]).
+#[derive(Debug)]
+#[must_use = "a message the store must judge is not decided yet"]
+pub enum Checked {
+    /// Decided without the store.
+    Decided(Action),
+    /// The store's layers are still to be asked.
+    AskStore(Pending),
+}
+
+/// A message the per-connection layers passed, waiting for the store's layers: what it
+/// costs there, and the units to give back to the connection's layers if they reject.
+#[derive(Debug)]
+pub struct Pending {
+    cost: u64,
+    release: bool,
+    taken: [u64; 2],
+}
+
 /// What one store-backed layer asks.
 struct Layer {
     scope: Scope,
@@ -433,13 +453,53 @@ impl<C: Clock + Clone> Session<C> {
     /// (a [`MemoryStore`](crate::store::MemoryStore) for one instance, Redis for a fleet); the
     /// per-connection layers are in the session. A message passes only if every enforced layer
     /// allows it; units taken from layers that allowed are given back when another rejects.
+    ///
+    /// The same as [`check_local`](Self::check_local), then
+    /// [`check_store`](Self::check_store) when it asks for the store.
     pub async fn check<S: Store + ?Sized>(
         &mut self,
         store: &S,
         message: &MessageInfo<'_>,
     ) -> Action {
+        match self.check_local(message) {
+            Checked::Decided(action) => action,
+            Checked::AskStore(pending) => self.check_store(store, message, pending).await,
+        }
+    }
+
+    /// The first step of [`check`](Self::check), without waiting: the per-connection layers,
+    /// and the decision itself when they reject or when no layer kept in the store (user,
+    /// room, slowmode) applies to the message. Otherwise the caller finishes with
+    /// [`check_store`](Self::check_store) — so a relay needs no future (nor its allocation)
+    /// for a message the store has no part in.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flowgate::store::MemoryStore;
+    /// use flowgate::ws::{Action, Checked, Client, MessageInfo, WsLimiter};
+    /// use flowgate::Quota;
+    ///
+    /// let limiter = WsLimiter::builder()
+    ///     .messages(Quota::per_second(10))
+    ///     .room_messages(Quota::per_second(100))
+    ///     .build()?;
+    /// let mut session = limiter.admit(Client::new("10.0.0.1"))?;
+    /// // To no room: only the connection's layer applies, decided at once.
+    /// let Checked::Decided(action) = session.check_local(&MessageInfo::new(10)) else {
+    ///     unreachable!()
+    /// };
+    /// assert_eq!(action, Action::Forward);
+    /// // To a room: its layer is in the store.
+    /// let store = MemoryStore::new();
+    /// let to_room = MessageInfo::new(10).room("lobby");
+    /// let Checked::AskStore(pending) = session.check_local(&to_room) else { unreachable!() };
+    /// assert_eq!(session.check_store(&store, &to_room, pending).await, Action::Forward);
+    /// # Ok(()) }
+    /// ```
+    pub fn check_local(&mut self, message: &MessageInfo<'_>) -> Checked {
         if let Some(close) = &self.closed {
-            return Action::Close(close.clone());
+            return Checked::Decided(Action::Close(close.clone()));
         }
         let inner = &*self.limiter.inner;
         let rules = &inner.rules;
@@ -451,7 +511,11 @@ impl<C: Clock + Clone> Session<C> {
                 inner.stats.decided(Scope::Size, LayerDecision::DryRun);
             } else {
                 inner.stats.decided(Scope::Size, LayerDecision::Rejected);
-                return self.close(Scope::Size, close_code::MESSAGE_TOO_BIG, "message too big");
+                return Checked::Decided(self.close(
+                    Scope::Size,
+                    close_code::MESSAGE_TOO_BIG,
+                    "message too big",
+                ));
             }
         }
         let cost = rules.costs.cost_of(message);
@@ -462,7 +526,7 @@ impl<C: Clock + Clone> Session<C> {
             && !rules.is_dry_run(Scope::Connection)
         {
             let reason = rules.close_reason.clone();
-            return self.close(Scope::Connection, rules.ladder.code, &reason);
+            return Checked::Decided(self.close(Scope::Connection, rules.ladder.code, &reason));
         }
         // The layers in the session, then those in the store; `taken` remembers what to give
         // back if a later layer rejects.
@@ -495,15 +559,57 @@ impl<C: Clock + Clone> Session<C> {
         }
         if let Some(rejection) = rejected {
             self.give_back(taken);
-            return self.violation(rejection);
+            return Checked::Decided(self.violation(rejection));
         }
-        match self.check_store(store, message, cost, release).await {
+        if !self.meets_store(message.room.or(self.client.room.as_deref())) {
+            return Checked::Decided(Action::Forward);
+        }
+        Checked::AskStore(Pending {
+            cost,
+            release,
+            taken,
+        })
+    }
+
+    /// The second step of [`check`](Self::check): the layers kept in `store` (user, room,
+    /// slowmode), for a message [`check_local`](Self::check_local) passed on as `pending`.
+    pub async fn check_store<S: Store + ?Sized>(
+        &mut self,
+        store: &S,
+        message: &MessageInfo<'_>,
+        pending: Pending,
+    ) -> Action {
+        let Pending {
+            cost,
+            release,
+            taken,
+        } = pending;
+        match self.store_layers(store, message, cost, release).await {
             None => Action::Forward,
             Some(rejection) => {
                 self.give_back(taken);
                 self.violation(rejection)
             }
         }
+    }
+
+    /// Whether a layer kept in the store applies to a message to `room`: the user's, the
+    /// room's, or the room's slowmode (unless the role is exempt).
+    fn meets_store(&self, room: Option<&str>) -> bool {
+        let rules = &self.limiter.inner.rules;
+        self.user.is_some()
+            || room.is_some_and(|room| {
+                rules.room.is_some() || (rules.slowmode_in(room).is_some() && !self.exempt())
+            })
+    }
+
+    /// Whether the session's role is exempt from slowmode.
+    fn exempt(&self) -> bool {
+        let rules = &self.limiter.inner.rules;
+        self.client
+            .role
+            .as_ref()
+            .is_some_and(|r| rules.slowmode_exempt.contains(r))
     }
 
     /// Gives back the units the connection and bytes layers took for a rejected message.
@@ -517,7 +623,7 @@ impl<C: Clock + Clone> Session<C> {
     }
 
     /// The store-backed layers: user, room, slowmode. The first enforced rejection, if any.
-    async fn check_store<S: Store + ?Sized>(
+    async fn store_layers<S: Store + ?Sized>(
         &mut self,
         store: &S,
         message: &MessageInfo<'_>,
@@ -527,6 +633,7 @@ impl<C: Clock + Clone> Session<C> {
         let inner = &*self.limiter.inner;
         let rules = &inner.rules;
         let room = message.room.or(self.client.room.as_deref());
+        let exempt = self.exempt();
         let [room_key, slow_key] = &mut self.keys;
         let mut layers: [Option<(Layer, &str)>; 3] = [None, None, None];
         let enforced = |scope: Scope| !release && !rules.is_dry_run(scope);
@@ -550,11 +657,6 @@ impl<C: Clock + Clone> Session<C> {
             };
             layers[1] = Some((layer, room_key.as_str()));
         }
-        let exempt = self
-            .client
-            .role
-            .as_ref()
-            .is_some_and(|r| rules.slowmode_exempt.contains(r));
         let slowmode = room.and_then(|room| rules.slowmode_in(room));
         if let (Some(quota), Some(room), false) = (slowmode, room, exempt) {
             slow_key.clear();

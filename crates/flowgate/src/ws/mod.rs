@@ -73,7 +73,7 @@ pub use action::{
     Action, Close, ErrorFrame, MAX_CLOSE_REASON, Rejection, Scope, UnknownPlaceholder, close_code,
     is_valid_close_code,
 };
-pub use limiter::{Client, Refusal, Session, WsLimiter};
+pub use limiter::{Checked, Client, Pending, Refusal, Session, WsLimiter};
 pub use message::{Classified, Classifier, Costs, MessageInfo};
 pub use penalty::PenaltyConfig;
 pub use policy::{CloseAfter, WsLimiterBuilder, WsPolicy, WsPolicyError};

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use flowgate::ws::{Action, MessageInfo, Session, close_code};
+use flowgate::ws::{Action, Checked, MessageInfo, Session, close_code};
 use futures_util::task::AtomicWaker;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -518,9 +518,15 @@ pub(super) async fn run(mut relay: Relay, gateway: &WsGateway, runtime: &Runtime
             (Some(payload), Side::Client) => {
                 let classified = runtime.config.classifier.classify(payload);
                 let judged: MessageInfo<'_> = classified.message(message.size);
-                // Boxed: the decision's future lives only while a message is judged, and an
-                // idle connection should not carry its space (see `docs/service.md`, memory).
-                Box::pin(relay.session.check(store, &judged)).await
+                match relay.session.check_local(&judged) {
+                    Checked::Decided(action) => action,
+                    // Boxed: the store's future lives only while a message is judged, and an
+                    // idle connection should not carry its space (see `docs/service.md`,
+                    // memory).
+                    Checked::AskStore(pending) => {
+                        Box::pin(relay.session.check_store(store, &judged, pending)).await
+                    }
+                }
             }
             (Some(_), Side::Upstream) => match relay.outbound.as_deref_mut() {
                 None => Action::Forward,
